@@ -1,0 +1,36 @@
+# LibreYOLO training service. `make demo` and `make test` work on a fresh machine.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA ?=
+
+.PHONY: setup test test-fast demo bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch/torchvision: plain pip takes the local wheels (no CUDA download)
+	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+test-fast: setup
+	$(BIN)/python -m pytest tests -m "not slow"
+
+demo: setup
+	$(BIN)/python -m libreyolo_core.demo $(if $(DATA),--data $(DATA),)
+
+bench: setup
+	$(BIN)/python bench/data_throughput.py
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs .libreyolo

@@ -1,0 +1,18 @@
+"""LibreYOLO core: the training engine (YOLOv9 / YOLOX), importable without side effects.
+
+``LibreYOLO`` (the facade) imports torch, so it is loaded lazily on first access; the
+config and the model registry stay torch-free for the API process.
+"""
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["LibreYOLO", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LibreYOLO":
+        from libreyolo_core.facade import LibreYOLO
+
+        return LibreYOLO
+    raise AttributeError(f"module 'libreyolo_core' has no attribute {name!r}")

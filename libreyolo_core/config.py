@@ -1,0 +1,332 @@
+"""TrainConfig: the one schema of every training hyperparameter.
+
+Pydantic v2, importable without torch: the service validates job requests with it. Each
+field carries its default, type, range and meaning; cross-field rules live in the model
+validator. Family defaults (reference E.2) come from the model registry and replace only
+the keys the user did not set (:func:`resolve_config`).
+
+Names follow the field's standard terms (LibreYOLO / Ultralytics); a few Ultralytics or
+older LibreYOLO spellings are accepted as aliases (see :data:`ALIASES`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from libreyolo_core.models.registry import ModelNameError, parse_model_name
+
+__all__ = ["TrainConfig", "ConfigError", "ALIASES", "resolve_config", "describe_config"]
+
+#: Alternative spellings accepted on input, mapped to the canonical field name.
+ALIASES: dict[str, str] = {
+    "lrf": "min_lr_ratio",  # Ultralytics
+    "mosaic_prob": "mosaic",  # LibreYOLO Python API
+    "mixup_prob": "mixup",
+    "flip_prob": "fliplr",
+    "mosaic_scale": "scale",
+    "close_mosaic": "no_aug_epochs",  # Ultralytics
+    "img_size": "imgsz",
+    "batch_size": "batch",
+}
+
+AMP_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+CACHE_MODES = {
+    "false": False, "0": False, "no": False, "none": False, "": False,
+    "true": "ram", "1": "ram", "yes": "ram", "ram": "ram", "disk": "disk",
+}
+
+
+class ConfigError(ValueError):
+    """A training key with a bad value, or an unknown key.
+
+    Attributes:
+        key: the offending key (canonical name, or the unknown name as typed).
+        value: the value given.
+        allowed: what would have been accepted, in words.
+    """
+
+    def __init__(self, key: str, value: Any, allowed: str, message: str | None = None):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(message or f"{key}={value!r} is invalid: {allowed}")
+
+
+class TrainConfig(BaseModel):
+    """Every training key with its default, type and range.
+
+    The defaults are LibreYOLO's base defaults (reference E.1); a model family replaces
+    some of them (reference E.2, :mod:`libreyolo_core.models.registry`). Effective LR is
+    ``lr0`` whatever the batch; ``nbs`` adds gradient accumulation instead.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    # -- what to train ---------------------------------------------------------------
+    model: str = Field("yolo9-t", description="model name <family>-<size>, e.g. yolo9-t")
+    data: str | None = Field(None, description="dataset yaml path (YOLO format)")
+    # -- schedule --------------------------------------------------------------------
+    epochs: int = Field(300, ge=1, le=100_000, description="training epochs")
+    batch: int = Field(16, ge=-1, description="GLOBAL batch size (all ranks); -1 = autobatch")
+    imgsz: int = Field(640, ge=32, le=8192, description="square input size, pixels, multiple of 32")
+    device: str = Field("auto", description="'auto', 'cpu', 'mps', '0', '0,1', 'cuda:0'")
+    workers: int = Field(4, ge=0, le=64, description="data-loader worker processes per rank")
+    seed: int = Field(0, ge=0, description="seed of shuffling and augmentation")
+    # -- optimizer and LR ------------------------------------------------------------
+    optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="optimizer")
+    lr0: float = Field(0.01, gt=0, le=10, description="initial (peak) learning rate")
+    min_lr_ratio: float = Field(0.05, gt=0, le=1, description="final LR = lr0 * min_lr_ratio (alias lrf)")
+    momentum: float = Field(0.937, ge=0, lt=1, description="SGD momentum / Adam beta1")
+    weight_decay: float = Field(5e-4, ge=0, le=1, description="L2 decay on conv/linear weights only")
+    nesterov: bool = Field(True, description="Nesterov momentum (SGD)")
+    scheduler: Literal["linear", "cos", "warmcos", "yoloxwarmcos"] = Field(
+        "yoloxwarmcos", description="LR schedule after warm-up"
+    )
+    warmup_epochs: float = Field(5.0, ge=0, description="warm-up length in epochs (LR and momentum)")
+    warmup_lr_start: float = Field(0.0, ge=0, description="LR at the first warm-up step")
+    warmup_momentum: float = Field(0.8, ge=0, lt=1, description="momentum at the first warm-up step")
+    nbs: int | None = Field(
+        None, ge=1, description="nominal batch size: accumulate round(nbs/batch) steps; weight "
+        "decay scaled by batch*accumulate/nbs. None = no accumulation"
+    )
+    clip_max_norm: float | None = Field(10.0, ge=0, description="gradient-norm clip; None disables")
+    ema: bool = Field(True, description="keep an EMA of the weights (validated and saved)")
+    ema_decay: float = Field(0.9998, gt=0, lt=1, description="EMA decay d in d*(1-exp(-n/tau))")
+    ema_tau: float = Field(2000.0, gt=0, description="EMA ramp time constant, optimizer steps")
+    # -- augmentation ----------------------------------------------------------------
+    mosaic: float = Field(1.0, ge=0, le=1, description="mosaic probability")
+    mixup: float = Field(1.0, ge=0, le=1, description="mixup probability (keeps both label sets)")
+    hsv_prob: float = Field(1.0, ge=0, le=1, description="probability of the HSV jitter")
+    hsv_h: float = Field(5.0, ge=0, le=90, description="hue jitter, +- OpenCV hue units (of 180)")
+    hsv_s: float = Field(30.0, ge=0, le=255, description="saturation jitter, +- of 255")
+    hsv_v: float = Field(30.0, ge=0, le=255, description="value jitter, +- of 255")
+    degrees: float = Field(10.0, ge=0, le=180, description="random rotation, +- degrees")
+    translate: float = Field(0.1, ge=0, le=0.9, description="random translation, +- fraction")
+    scale: tuple[float, float] = Field(
+        (0.1, 2.0), description="random scale range (lo, hi); a number s means (1-s, 1+s)"
+    )
+    shear: float = Field(2.0, ge=0, le=90, description="random shear, +- degrees")
+    perspective: float = Field(0.0, ge=0, le=0.001, description="random perspective")
+    flipud: float = Field(0.0, ge=0, le=1, description="vertical flip probability")
+    fliplr: float = Field(0.5, ge=0, le=1, description="horizontal flip probability")
+    mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
+    no_aug_epochs: int = Field(15, ge=0, description="last N epochs without mosaic/mixup")
+    multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
+    cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
+    # -- precision and speed ---------------------------------------------------------
+    amp: bool = Field(True, description="mixed precision on CUDA (ignored on CPU)")
+    amp_dtype: Literal["float16", "bfloat16"] = Field("float16", description="autocast dtype")
+    cuda_graph: bool = Field(False, description="capture forward+backward in a CUDA graph")
+    sync_bn: bool = Field(False, description="SyncBatchNorm under DDP")
+    # -- profiler --------------------------------------------------------------------
+    profile: bool = Field(False, description="profile a window of steps, then keep training")
+    profile_then_stop: bool = Field(False, description="stop the run after the profile window")
+    profile_warmup: int = Field(5, ge=0, le=10_000, description="profile: steps discarded")
+    profile_steps: int = Field(20, ge=2, le=10_000, description="profile: steps measured")
+    profile_trace: bool = Field(True, description="profile: record a torch.profiler trace")
+    profile_open: bool = Field(False, description="profile: open timeline.html when done")
+    # -- validation ------------------------------------------------------------------
+    val: bool = Field(True, description="validate during training")
+    eval_interval: int = Field(1, ge=1, description="validate every N epochs (and the last)")
+    conf: float = Field(0.001, ge=0, le=1, description="validation score threshold")
+    iou: float = Field(0.7, gt=0, le=1, description="validation NMS IoU threshold")
+    max_det: int = Field(300, ge=1, le=100_000, description="detections kept per image")
+    # -- run directory and checkpoints -----------------------------------------------
+    project: str = Field("runs/train", description="parent folder of run directories")
+    name: str = Field("exp", description="run directory name (exp, exp2, ... unless exist_ok)")
+    exist_ok: bool = Field(False, description="reuse an existing run directory")
+    save_period: int = Field(10, ge=0, description="also save weights/epoch_N.pt every N epochs; 0 off")
+    patience: int = Field(50, ge=0, description="stop after N epochs without a better fitness; 0 off")
+    resume: bool | str = Field(False, description="True (latest run) or path to last.pt")
+    log_interval: int = Field(10, ge=1, description="steps between progress events")
+
+    # -- field-level normalisation ---------------------------------------------------
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_name(cls, v: Any) -> str:
+        spec, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
+        return f"{spec.name}-{size}"
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v: Any) -> str:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if isinstance(v, list | tuple):
+            return ",".join(str(int(x)) for x in v)
+        return str(v).strip().lower()
+
+    @field_validator("optimizer", "scheduler", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("amp_dtype", mode="before")
+    @classmethod
+    def _amp_dtype(cls, v: Any) -> Any:
+        key = str(v).strip().lower()
+        if key not in AMP_DTYPES:
+            raise ValueError(f"must be one of {', '.join(sorted(AMP_DTYPES))}")
+        return AMP_DTYPES[key]
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache(cls, v: Any) -> Any:
+        if v is None or isinstance(v, bool):
+            return "ram" if v else False
+        key = str(v).strip().lower()
+        if key not in CACHE_MODES:
+            raise ValueError("must be false, ram or disk")
+        return CACHE_MODES[key]
+
+    @field_validator("scale", "mixup_scale", mode="before")
+    @classmethod
+    def _range(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return (max(1.0 - float(v), 0.0), 1.0 + float(v))
+        if isinstance(v, str):
+            parts = [p for p in v.strip("()[] ").replace(",", " ").split() if p]
+            return tuple(float(p) for p in parts)
+        return v
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() in {"true", "false", "1", "0", "yes", "no", ""}:
+            return v.strip().lower() in {"true", "1", "yes"}
+        return v
+
+    # -- cross-field rules -----------------------------------------------------------
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainConfig:
+        stride = parse_model_name(self.model)[0].stride
+        if self.imgsz % stride:
+            lo, hi = self.imgsz // stride * stride, (self.imgsz // stride + 1) * stride
+            raise ValueError(
+                f"imgsz={self.imgsz} must be a multiple of {stride} for {self.model}; "
+                f"use {max(lo, stride)} or {hi}"
+            )
+        if self.batch == 0:
+            raise ValueError("batch=0: use a positive batch or -1 for autobatch")
+        for key in ("scale", "mixup_scale"):
+            lo, hi = getattr(self, key)
+            if not (0 < lo <= hi <= 10):
+                raise ValueError(f"{key}=({lo}, {hi}) needs 0 < lo <= hi <= 10")
+        if self.warmup_lr_start > self.lr0:
+            raise ValueError(
+                f"warmup_lr_start={self.warmup_lr_start} exceeds lr0={self.lr0}; "
+                "it must be <= lr0"
+            )
+        if self.profile_then_stop and not self.profile:
+            raise ValueError("profile_then_stop=True needs profile=True")
+        return self
+
+
+# Keys whose pydantic error should be reported as "unknown key" with suggestions.
+def _unknown_key_error(key: str) -> ConfigError:
+    choices = sorted(TrainConfig.model_fields) + sorted(ALIASES)
+    close = difflib.get_close_matches(key, choices, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(
+        key, None, "not a training key",
+        f"unknown key {key!r}.{hint} Run `libreyolo cfg` for the valid keys.",
+    )
+
+
+def _allowed(key: str) -> str:
+    """Words that say what a field accepts (from its type and constraints)."""
+    info = TrainConfig.model_fields.get(key)
+    if info is None:
+        return ""
+    ann = info.annotation
+    parts = [getattr(ann, "__name__", None) if isinstance(ann, type) else str(ann)]
+    parts = [str(parts[0]).replace("typing.", "")]
+    for meta in info.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(meta, attr, None) is not None:
+                parts.append(f"{sym} {getattr(meta, attr)}")
+    return ", ".join(parts)
+
+
+def _to_config_error(exc: ValidationError, given: Mapping[str, Any]) -> ConfigError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if not isinstance(p, int)]
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+    if not loc:  # a cross-field rule: the message names its keys
+        key = msg.split("=", 1)[0] if "=" in msg.split(" ", 1)[0] else "config"
+        return ConfigError(key, given.get(key), msg, msg)
+    key = loc[0]
+    if err.get("type") == "extra_forbidden":
+        return _unknown_key_error(key)
+    value = given.get(key, err.get("input"))
+    allowed = _allowed(key)
+    return ConfigError(key, value, allowed, f"{key}={value!r} is invalid: {msg} (allowed: {allowed})")
+
+
+def canonical_keys(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Map aliases (``lrf``, ``mosaic_prob``...) to field names; ``-`` becomes ``_``.
+
+    Raises:
+        ConfigError: an alias and its field are both given.
+    """
+    out: dict[str, Any] = {}
+    for raw, value in overrides.items():
+        key = str(raw).replace("-", "_")
+        key = ALIASES.get(key, key)
+        if key in out:
+            raise ConfigError(key, value, f"given twice ({raw!r} is an alias of {key!r})")
+        out[key] = value
+    return out
+
+
+def resolve_config(overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> TrainConfig:
+    """Validate user keys and fill the rest from the family defaults, then the base defaults.
+
+    Args:
+        overrides: user-given keys (canonical names or aliases); ``model`` picks the family.
+        **kwargs: more user keys (merged over ``overrides``).
+
+    Returns:
+        The resolved :class:`TrainConfig`; ``model_fields_set`` holds the user's keys.
+
+    Raises:
+        ConfigError: unknown key (closest matches suggested), bad value (key, value and
+            what is allowed), or a broken cross-field rule.
+    """
+    given = canonical_keys({**(overrides or {}), **kwargs})
+    for key in given:
+        if key not in TrainConfig.model_fields:
+            raise _unknown_key_error(key)
+    try:
+        spec, size = parse_model_name(given.get("model", TrainConfig.model_fields["model"].default))
+    except ModelNameError as exc:
+        raise ConfigError("model", given.get("model"), str(exc), str(exc)) from None
+    merged = {**spec.defaults(size), **given}
+    try:
+        cfg = TrainConfig(**merged)
+    except ValidationError as exc:
+        raise _to_config_error(exc, merged) from None
+    # Family defaults are not user choices: keep only the user's keys in fields_set.
+    object.__setattr__(cfg, "__pydantic_fields_set__", set(given))
+    return cfg
+
+
+def describe_config(cfg: TrainConfig) -> str:
+    """Printable resolved config: one ``key: value  # description [source]`` line per field.
+
+    Source is ``user`` for keys the user set, ``family`` for family defaults, else
+    ``default``.
+    """
+    spec, size = parse_model_name(cfg.model)
+    family_keys = set(spec.defaults(size))
+    lines = [f"# resolved training config for {cfg.model} ({spec.title})"]
+    width = max(len(k) for k in TrainConfig.model_fields)
+    for key, info in TrainConfig.model_fields.items():
+        value = getattr(cfg, key)
+        source = "user" if key in cfg.model_fields_set else (
+            "family" if key in family_keys else "default"
+        )
+        lines.append(f"{key:<{width}} : {value!r:<16} # {info.description} [{source}]")
+    return "\n".join(lines)
