@@ -188,6 +188,8 @@ class TrainConfig(BaseModel):
             return (max(1.0 - float(v), 0.0), 1.0 + float(v))
         if isinstance(v, str):
             parts = [p for p in v.strip("()[] ").replace(",", " ").split() if p]
+            if len(parts) == 1:
+                return cls._range(float(parts[0]))
             return tuple(float(p) for p in parts)
         return v
 

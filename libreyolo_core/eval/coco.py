@@ -125,7 +125,8 @@ def coco_metrics(
         coco_dt = COCO()
         coco_dt.dataset = {"images": images, "annotations": dt_anns, "categories": categories}
         coco_dt.createIndex()
-        ev = COCOeval_faster(coco_gt, coco_dt, iouType="bbox", extra_calc=True)
+        ev = COCOeval_faster(coco_gt, coco_dt, iouType="bbox", extra_calc=True,
+                             print_function=lambda *a, **k: None)
         ev.params.maxDets = [1, 10, max_det]
         ev.evaluate()
         ev.accumulate()

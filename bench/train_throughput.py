@@ -1,0 +1,75 @@
+"""Training throughput: images/s of full training steps and peak memory.
+
+Full steps = data loading + augmentation, forward, loss, backward, optimizer, EMA. Each
+configuration trains 2 epochs of coco128 without validation in its own process; the
+second epoch is timed (the first warms up allocators and caches). Peak memory is the
+process's max RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA.
+
+Prints one line, e.g.
+``train_throughput coco128 batch=16 cpu: yolo9-t@320 9.1 img/s 1.9 GB | ...``
+
+Usage: python bench/train_throughput.py [--models yolo9-t,yolo9-s] [--imgsz 320,640]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import coco128_copy  # noqa: E402
+
+CHILD = r"""
+import json, resource, sys, torch
+from libreyolo_core import LibreYOLO
+args = json.loads(sys.argv[1])
+m = LibreYOLO(args["model"])
+m.train(data=args["data"], epochs=2, imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
+        val=False, project=args["project"], name="bench", exist_ok=True, save_period=0)
+peak = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print("PEAK", peak)
+"""
+
+
+def run_one(data: Path, model: str, imgsz: int, batch: int, workers: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as project:
+        args = {"model": model, "data": str(data), "imgsz": imgsz, "batch": batch,
+                "workers": workers, "project": project}
+        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True,
+                             text=True, check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"{model}@{imgsz} failed:\n{out.stderr[-3000:]}")
+        rows = list(csv.DictReader(open(Path(project) / "bench" / "results.csv")))
+        epoch_time = float(rows[-1]["epoch_time_s"])
+        n_images = 128 // batch * batch  # drop_last
+        peak = float(next(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("PEAK")))
+        return n_images / epoch_time, peak / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="yolo9-t,yolo9-s")
+    parser.add_argument("--imgsz", default="320,640")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    import torch
+
+    data = coco128_copy()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parts = []
+    for model in args.models.split(","):
+        for imgsz in (int(s) for s in args.imgsz.split(",")):
+            ips, peak = run_one(data, model, imgsz, args.batch, args.workers)
+            parts.append(f"{model}@{imgsz} {ips:.2f} img/s {peak:.2f} GB")
+    print(f"train_throughput coco128 batch={args.batch} workers={args.workers} {device}: " + " | ".join(parts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""``libreyolo <command> key=value ...`` — LibreYOLO's command-line syntax.
+
+Commands: ``train``, ``val``, ``predict``, ``cfg``, ``checks``, ``info``, ``version``.
+``--key value`` works like ``key=value``; ``train spec=job.json`` reads a job spec written
+by the service's worker.
+
+Exit codes: 0 ok; 1 runtime error; 2 usage or config error (unknown key, bad value);
+3 data error; 4 model / checkpoint error; 143 interrupted by SIGTERM (``last.pt`` saved).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "parse_args", "UsageError"]
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_DATA, EXIT_MODEL, EXIT_SIGTERM = 0, 1, 2, 3, 4, 143
+
+
+class UsageError(ValueError):
+    """Bad command line: unknown command or key, malformed argument."""
+
+
+COMMAND_KEYS: dict[str, set[str]] = {
+    "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json"},
+    "predict": {"model", "source", "conf", "iou", "imgsz", "max_det", "device", "json"},
+    "cfg": set(),  # any training key: the schema checks them
+    "checks": {"data", "json"},
+    "info": {"model", "imgsz"},
+    "version": set(),
+}
+COMMANDS = ("train", *COMMAND_KEYS)
+
+
+def _value(text: str) -> Any:
+    return None if text.strip().lower() in ("none", "null") else text
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """Split ``[command, key=value | --key value | --flag ...]`` into the command and its keys.
+
+    Values stay strings (``none``/``null`` become ``None``); the schema coerces them.
+
+    Raises:
+        UsageError: no or unknown command, or a malformed argument.
+    """
+    args = list(argv)
+    if args and args[0] == "detect":
+        args = args[1:]
+    if not args or args[0] in ("-h", "--help", "help"):
+        raise UsageError(f"usage: libreyolo {{{'|'.join(COMMANDS)}}} key=value ...")
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}")
+    keys: dict[str, Any] = {}
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("--"):
+            name = arg[2:]
+            if "=" in name:
+                name, value = name.split("=", 1)
+            elif i + 1 < len(rest) and not rest[i + 1].startswith("--") and "=" not in rest[i + 1]:
+                value, i = rest[i + 1], i + 1
+            elif name.startswith("no-"):
+                name, value = name[3:], "false"
+            else:
+                value = "true"
+        elif "=" in arg:
+            name, value = arg.split("=", 1)
+        else:
+            raise UsageError(f"argument {arg!r} is not key=value (e.g. epochs=10)")
+        keys[name.replace("-", "_")] = _value(value)
+        i += 1
+    return command, keys
+
+
+def _check_keys(command: str, keys: dict[str, Any]) -> None:
+    allowed = COMMAND_KEYS[command]
+    for key in keys:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"unknown key {key!r} for `libreyolo {command}`.{hint} "
+                             f"Valid keys: {', '.join(sorted(allowed)) or '(none)'}")
+
+
+def _bool(v: Any) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+# -- commands ---------------------------------------------------------------------------------
+def cmd_train(keys: dict[str, Any]) -> int:
+    from libreyolo_core.config import resolve_config
+
+    if "spec" in keys:
+        spec_path = Path(keys.pop("spec"))
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        kind = spec.get("kind", "train")
+        if kind != "train":
+            raise UsageError(f"{spec_path}: kind {kind!r} is not supported by `libreyolo train`")
+        merged = {**spec.get("params", {})}
+        for k in ("model", "data", "project", "name", "exist_ok", "resume"):
+            if spec.get(k) not in (None, ""):
+                merged[k] = spec[k]
+        keys = {**merged, **keys}
+    cfg = resolve_config(keys)  # validates every key before anything heavy happens
+    from libreyolo_core.facade import LibreYOLO
+
+    model = keys.get("model", cfg.model)
+    result = LibreYOLO(model).train(**{k: v for k, v in keys.items() if k != "model"})
+    print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
+          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {result['best_checkpoint']}")
+    return EXIT_OK
+
+
+def cmd_val(keys: dict[str, Any]) -> int:
+    from libreyolo_core.facade import LibreYOLO
+
+    _check_keys("val", keys)
+    if not keys.get("data"):
+        raise UsageError("libreyolo val needs data=path/to/data.yaml")
+    as_json = _bool(keys.pop("json", False))
+    model = LibreYOLO(keys.pop("model", "yolo9-t"))
+    m = model.val(**{k: (int(v) if k in ("batch", "imgsz", "max_det", "workers") else
+                         float(v) if k in ("conf", "iou") else v) for k, v in keys.items()})
+    if as_json:
+        print(json.dumps(m))
+    else:
+        print(f"P={m['precision']:.4f} R={m['recall']:.4f} mAP50={m['mAP50']:.4f} "
+              f"mAP50-95={m['mAP50-95']:.4f}")
+    return EXIT_OK
+
+
+def cmd_predict(keys: dict[str, Any]) -> int:
+    from libreyolo_core.facade import LibreYOLO
+
+    _check_keys("predict", keys)
+    if not keys.get("source"):
+        raise UsageError("libreyolo predict needs source=image|folder")
+    as_json = _bool(keys.pop("json", False))
+    model = LibreYOLO(keys.pop("model", "yolo9-t"))
+    conv = {"conf": float, "iou": float, "imgsz": int, "max_det": int}
+    preds = model.predict(**{k: conv.get(k, str)(v) for k, v in keys.items()})
+    for p in preds:
+        if as_json:
+            print(json.dumps({"path": p.path, "boxes": p.boxes.tolist(), "scores": p.scores.tolist(),
+                              "classes": p.classes.tolist(), "names": p.names}))
+        else:
+            found = ", ".join(f"{n} {s:.2f}" for n, s in zip(p.names, p.scores, strict=True)) or "nothing"
+            print(f"{p.path}: {len(p)} detections: {found}")
+    return EXIT_OK
+
+
+def cmd_cfg(keys: dict[str, Any]) -> int:
+    from libreyolo_core.config import describe_config, resolve_config
+
+    print(describe_config(resolve_config(keys)))
+    return EXIT_OK
+
+
+def cmd_checks(keys: dict[str, Any]) -> int:
+    """Scan every split of the dataset and print its report; exit 1 if a split is unusable."""
+    from libreyolo_core.data.config import load_data_config
+    from libreyolo_core.data.scan import DatasetError, format_report, scan_split
+
+    _check_keys("checks", keys)
+    if not keys.get("data"):
+        raise UsageError("libreyolo checks needs data=path/to/data.yaml")
+    as_json = _bool(keys.get("json", False))
+    dc = load_data_config(keys["data"])
+    ok = True
+    seen: dict[tuple[str, ...], str] = {}
+    for split in ("train", "val", "test"):
+        files = getattr(dc, split, None)
+        if files is None:
+            continue
+        key = tuple(str(f) for f in files)
+        if key in seen:
+            print(f"[{split}] same images as [{seen[key]}]")
+            continue
+        seen[key] = split
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                report = scan_split(dc, split)
+            except DatasetError as exc:
+                report, ok = None, False
+                print(f"[{split}] error: {exc}")
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        if report is None:
+            continue
+        if as_json:
+            print(json.dumps({"split": split, **report.to_dict()}))
+        else:
+            print(f"[{split}]\n{format_report(report)}")
+    return EXIT_OK if ok else EXIT_RUNTIME
+
+
+def cmd_info(keys: dict[str, Any]) -> int:
+    from libreyolo_core.facade import LibreYOLO
+
+    _check_keys("info", keys)
+    model = LibreYOLO(keys.get("model", "yolo9-t"))
+    imgsz = int(keys.get("imgsz", model.imgsz))
+    info = model.info(imgsz)
+    print(f"{model.name}: {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {imgsz}x{imgsz}")
+    return EXIT_OK
+
+
+def cmd_version(keys: dict[str, Any]) -> int:
+    import libreyolo_core
+
+    print(f"libreyolo {libreyolo_core.__version__}")
+    return EXIT_OK
+
+
+HANDLERS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "train": cmd_train, "val": cmd_val, "predict": cmd_predict, "cfg": cmd_cfg,
+    "checks": cmd_checks, "info": cmd_info, "version": cmd_version,
+}
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run one command; returns the exit code (errors are printed, not raised)."""
+    from libreyolo_core.config import ConfigError
+    from libreyolo_core.models.registry import ModelNameError
+
+    try:
+        command, keys = parse_args(argv)
+        return HANDLERS[command](keys)
+    except (UsageError, ConfigError, ModelNameError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - map every failure to an exit code
+        return _exit_for(exc)
+
+
+def _exit_for(exc: Exception) -> int:
+    from libreyolo_core.data.config import DataConfigError
+    from libreyolo_core.data.scan import DatasetError
+    from libreyolo_core.distributed.device import DeviceError
+    from libreyolo_core.engine.checkpoint import CheckpointError
+
+    interrupted = type(exc).__name__ == "TrainingInterrupted"
+    if interrupted:
+        print(f"interrupted ({exc}): last.pt saved; resume with resume=path/to/last.pt", file=sys.stderr)
+        return EXIT_SIGTERM
+    print(f"error: {exc}", file=sys.stderr)
+    if isinstance(exc, DataConfigError | DatasetError):
+        return EXIT_DATA
+    if isinstance(exc, CheckpointError):
+        return EXIT_MODEL
+    if isinstance(exc, DeviceError):
+        return EXIT_USAGE
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_DATA
+    logging.getLogger(__name__).debug("traceback", exc_info=exc)
+    import traceback
+
+    traceback.print_exception(exc, file=sys.stderr)
+    return EXIT_RUNTIME
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point of ``libreyolo``."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    sys.exit(run(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

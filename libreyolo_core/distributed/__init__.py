@@ -1,0 +1,1 @@
+"""Device selection and (with the DDP issue) the spawn and torchrun launch paths."""

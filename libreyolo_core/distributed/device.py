@@ -1,0 +1,72 @@
+"""Parse the ``device`` key into a torch device (reference D.1)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["DeviceError", "parse_devices", "select_device"]
+
+
+class DeviceError(ValueError):
+    """A ``device`` value that names no usable device."""
+
+
+def parse_devices(device: str | int | list[int] | None) -> list[str]:
+    """Normalise a device spec to a list of torch device strings.
+
+    Accepts ``"auto"``, ``"cpu"``, ``"mps"``, ``0``, ``"0"``, ``"0,1"``, ``[0, 1]``,
+    ``"cuda"``, ``"cuda:1"``. ``auto`` is the first CUDA device, else MPS, else CPU.
+
+    Raises:
+        DeviceError: an unknown form, or a CUDA index this machine does not have.
+    """
+    if device is None:
+        device = "auto"
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = str(device)
+    if isinstance(device, list | tuple):
+        device = ",".join(str(d) for d in device)
+    text = str(device).strip().lower().replace(" ", "")
+    if text in ("auto", ""):
+        if torch.cuda.is_available():
+            return ["cuda:0"]
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return ["mps"]
+        return ["cpu"]
+    if text in ("cpu", "mps"):
+        return [text]
+    if text == "cuda":
+        text = "0"
+    parts = [p.removeprefix("cuda:") for p in text.split(",") if p]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise DeviceError(
+            f"device={device!r} is invalid: use 'auto', 'cpu', 'mps', a CUDA index like 0 or "
+            "'cuda:0', or several like '0,1'"
+        )
+    count = torch.cuda.device_count()
+    bad = [p for p in parts if int(p) >= count]
+    if bad:
+        have = f"indices 0..{count - 1}" if count else "no CUDA device"
+        raise DeviceError(f"device={device!r}: CUDA device {bad[0]} does not exist (this machine has {have})")
+    return [f"cuda:{p}" for p in parts]
+
+
+def select_device(device: str | int | list[int] | None) -> torch.device:
+    """The one device of a single-process run (``cuda:LOCAL_RANK`` under torchrun).
+
+    Raises:
+        DeviceError: as :func:`parse_devices`, or several devices (multi-GPU training runs
+            one process per device: launch with torchrun).
+    """
+    local_rank = os.environ.get("LOCAL_RANK")
+    devices = parse_devices(device)
+    if local_rank is not None and devices[0].startswith("cuda"):
+        return torch.device(f"cuda:{int(local_rank)}")
+    if len(devices) > 1:
+        raise DeviceError(
+            f"device={device!r} names {len(devices)} GPUs; multi-GPU training runs one process per "
+            f"GPU: `torchrun --nproc_per_node={len(devices)} -m libreyolo_core.cli train ...`"
+        )
+    return torch.device(devices[0])

@@ -1,0 +1,1 @@
+"""Training engine: trainer loop, AMP, EMA, optimizer and schedules, checkpoints, events."""

@@ -1,0 +1,491 @@
+"""The training loop: data -> forward + loss (autocast) -> backward (scaled) -> step -> EMA.
+
+One ``Trainer`` runs one training run of one process. It owns the run directory,
+``events.jsonl``, ``results.csv`` and the checkpoints, and it is the place where the
+schedule, accumulation (``nbs``), AMP, EMA, validation, early stopping, resume and
+SIGTERM handling meet. Families plug in through the registry protocol
+(``build_model``, ``build_loss``, ``preprocess``, ``postprocess``, optional
+``on_mosaic_disable``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+import libreyolo_core
+from libreyolo_core.config import TrainConfig
+from libreyolo_core.data.config import load_data_config
+from libreyolo_core.data.dataset import YOLODataset
+from libreyolo_core.data.loader import build_dataloader
+from libreyolo_core.data.scan import scan_split
+from libreyolo_core.distributed.device import select_device
+from libreyolo_core.engine.amp import resolve_amp
+from libreyolo_core.engine.checkpoint import load_checkpoint, save_checkpoint
+from libreyolo_core.engine.ema import ModelEMA, unwrap
+from libreyolo_core.engine.events import EventLog
+from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
+from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
+from libreyolo_core.eval.validate import validate
+from libreyolo_core.models.registry import load_family, parse_model_name
+
+__all__ = ["Trainer", "TrainingInterrupted", "NonFiniteLossError", "fitness"]
+
+log = logging.getLogger(__name__)
+
+#: Consecutive non-finite losses that stop a run.
+MAX_NONFINITE_STREAK = 10
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGTERM (or a callback's stop request) ended the run after saving ``last.pt``."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive non-finite losses: the run diverged."""
+
+
+def fitness(metrics: dict[str, float]) -> float:
+    """Model selection score: ``0.1 * mAP50 + 0.9 * mAP50-95`` (Ultralytics' convention)."""
+    return 0.1 * metrics.get("mAP50", 0.0) + 0.9 * metrics.get("mAP50-95", 0.0)
+
+
+class Trainer:
+    """Train one model on one device.
+
+    Args:
+        cfg: the resolved :class:`TrainConfig` (``data`` required).
+        model: an already built network to train (its ``nc`` must match the dataset);
+            ``None`` builds one from the registry.
+        callbacks: ``{event: [fn(trainer), ...]}`` for ``on_train_start``,
+            ``on_epoch_end``, ``on_train_end``.
+
+    Raises (from :meth:`train`):
+        TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written.
+        NonFiniteLossError: ten non-finite losses in a row.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: nn.Module | None = None,
+        callbacks: dict[str, list[Callable[[Trainer], None]]] | None = None,
+    ):
+        if not cfg.data:
+            raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+        self.cfg = cfg
+        self.callbacks = callbacks or {}
+        self.model = model
+        self.stop_requested = False
+        self.stop_reason = ""
+        self.run_dir: Path | None = None
+        self.best_fitness = -1.0
+        self.best_epoch = 0
+        self.best_metrics: dict[str, float] = {}
+        self.metrics: dict[str, float] = {}
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.nonfinite_skipped = 0
+
+    # -- callbacks / signals ------------------------------------------------------------
+    def _fire(self, event: str) -> None:
+        for fn in self.callbacks.get(event, []):
+            fn(self)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Finish the current step, save ``last.pt`` and end the run as ``interrupted``."""
+        self.stop_requested, self.stop_reason = True, reason
+
+    def _install_sigterm(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):  # noqa: ARG001
+            log.warning("SIGTERM received: finishing the current step, then saving last.pt")
+            self.request_stop("SIGTERM")
+
+        return signal.signal(signal.SIGTERM, handler)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _resume_state(self) -> dict[str, Any] | None:
+        resume = self.cfg.resume
+        if not resume:
+            return None
+        path = latest_last_checkpoint(self.cfg.project) if resume is True else Path(str(resume))
+        ckpt = load_checkpoint(path)
+        if "optimizer" not in ckpt or "epoch" not in ckpt:
+            raise ValueError(f"{path}: has no training state to resume (a final/inference checkpoint)")
+        # Continue with the checkpoint's config; where to find things and how long to
+        # train may change.
+        keep = {k: getattr(self.cfg, k) for k in ("data", "device", "workers", "epochs")
+                if k in self.cfg.model_fields_set}
+        saved = TrainConfig(**{**ckpt["config"], **keep, "resume": str(path)})
+        self.cfg = saved
+        self._resume_path = path
+        return ckpt
+
+    def _setup(self) -> None:
+        cfg = self.cfg
+        ckpt = self._resume_state()
+        cfg = self.cfg
+        self.device = select_device(cfg.device)
+        self.spec, self.size = parse_model_name(cfg.model)
+        self.family = load_family(self.spec)
+        torch.manual_seed(cfg.seed)
+
+        # data
+        self.data_cfg = load_data_config(cfg.data)
+        if not self.data_cfg.train:
+            raise ValueError(f"{self.data_cfg.yaml_path}: key 'train' is missing")
+        self.names = dict(self.data_cfg.names)
+        self.nc = len(self.names)
+        train_report = scan_split(self.data_cfg, "train")
+        val_split = "val" if self.data_cfg.val else "train"
+        val_report = scan_split(self.data_cfg, val_split) if cfg.val else None
+        hyp = cfg.model_dump()
+        self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp,
+                                     cache=cfg.cache, seed=cfg.seed, rank=0)
+        self.batch = cfg.batch if cfg.batch > 0 else 16
+        self.train_loader = build_dataloader(
+            self.train_set, self.batch, cfg.workers, shuffle=True, seed=cfg.seed,
+            drop_last=len(self.train_set) >= self.batch,
+        )
+        self.val_loader = None
+        if val_report is not None:
+            val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
+                                  seed=cfg.seed, rank=0)
+            self.val_loader = build_dataloader(val_set, self.batch, min(cfg.workers, 2), shuffle=False,
+                                               seed=cfg.seed)
+
+        # model, loss, precision
+        if self.model is None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
+            self.model = self.family.build_model(self.size, self.nc)
+        self.model.to(self.device)
+        self.loss_fn = self.family.build_loss(self.model, cfg)
+        self.item_names = tuple(self.loss_fn.item_names)
+        self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
+        if cfg.cuda_graph and self.device.type != "cuda":
+            log.info("cuda_graph=True ignored on %s: training in eager mode", self.device.type)
+
+        # optimizer, accumulation, schedule
+        self.accumulate = accumulate_steps(self.batch, cfg.nbs)
+        weight_decay = cfg.weight_decay
+        if cfg.nbs:
+            weight_decay *= self.batch * self.accumulate / cfg.nbs
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr0, cfg.momentum,
+                                         weight_decay, cfg.nesterov)
+        self.steps_per_epoch = math.ceil(len(self.train_loader) / self.accumulate)
+        self.schedule = LRSchedule.from_config(cfg, self.steps_per_epoch)
+        self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+        self.start_epoch = 0
+
+        if ckpt is not None:
+            self._load_resume(ckpt)
+            self.run_dir = self._resume_path.parent.parent
+        else:
+            self.run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+        self.events = EventLog(self.run_dir / "events.jsonl")
+        (self.run_dir / "args.yaml").write_text(
+            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
+        )
+
+    def _load_resume(self, ckpt: dict[str, Any]) -> None:
+        model = unwrap(self.model)
+        try:
+            model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot resume: model architecture mismatch ({exc})") from None
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.ema is not None and "model" in ckpt:
+            self.ema.module.load_state_dict(ckpt["model"])
+            self.ema.updates = int(ckpt.get("ema_updates", 0))
+        if ckpt.get("scaler"):
+            self.amp.scaler.load_state_dict(ckpt["scaler"])
+        if "torch_rng" in ckpt:
+            torch.set_rng_state(ckpt["torch_rng"])
+        self.start_epoch = int(ckpt["epoch"]) + 1
+        self.best_fitness = float(ckpt.get("best_fitness", -1.0))
+        self.best_epoch = int(ckpt.get("best_epoch", 0))
+        self.best_metrics = dict(ckpt.get("best_metrics", {}))
+        self.nonfinite_skipped = int(ckpt.get("nonfinite_skipped", 0))
+        self.history = [r for r in ckpt.get("history", []) if r["epoch"] <= self.start_epoch]
+        log.info("resuming %s from epoch %d", self._resume_path, self.start_epoch + 1)
+
+    # -- checkpoints and files ------------------------------------------------------------
+    def _state(self, epoch: int) -> dict[str, Any]:
+        model = unwrap(self.model)
+        weights = (self.ema.module if self.ema is not None else model).state_dict()
+        return {
+            "libreyolo_version": libreyolo_core.__version__,
+            "model_family": self.spec.name,
+            "size": self.size,
+            "task": "detect",
+            "nc": self.nc,
+            "names": self.names,
+            "imgsz": self.cfg.imgsz,
+            "model": weights,
+            "train_model": model.state_dict(),
+            "ema_updates": self.ema.updates if self.ema is not None else 0,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.amp.scaler.state_dict() if self.amp.scaler.is_enabled() else {},
+            "epoch": epoch,
+            "best_fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
+            "best_metrics": self.best_metrics,
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "history": self.history,
+            "config": self.cfg.model_dump(mode="json"),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _save(self, epoch: int, is_best: bool) -> None:
+        state = self._state(epoch)
+        weights = self.run_dir / "weights"
+        last = save_checkpoint(state, weights / "last.pt")
+        self.events.emit("artifact", path="weights/last.pt", kind="checkpoint")
+        if is_best:
+            shutil.copyfile(last, weights / ".best.pt.tmp")
+            os.replace(weights / ".best.pt.tmp", weights / "best.pt")
+            self.events.emit("artifact", path="weights/best.pt", kind="checkpoint")
+        if self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
+            shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
+
+    def _write_results(self) -> None:
+        if not self.history:
+            return
+        fields = list(self.history[-1].keys())
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for row in self.history:
+            writer.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v)
+                             for k, v in row.items()})
+        tmp = self.run_dir / ".results.csv.tmp"
+        tmp.write_text(buf.getvalue(), encoding="utf-8")
+        os.replace(tmp, self.run_dir / "results.csv")
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Run the whole schedule; returns the final metrics (see :meth:`_result`)."""
+        previous = self._install_sigterm()
+        status, error = "failed", None
+        try:
+            self._setup()
+            self.events.emit("run_start", config=self.cfg.model_dump(mode="json"),
+                             run_dir=str(self.run_dir.resolve()), start_epoch=self.start_epoch + 1,
+                             device=str(self.device), amp=self.amp.name)
+            self._print_header()
+            self._fire("on_train_start")
+            status = self._loop()
+            return self._result()
+        except TrainingInterrupted:
+            status = "interrupted"
+            raise
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            if getattr(self, "events", None) is not None:
+                self.events.emit("run_end", status=status, best_epoch=self.best_epoch,
+                                 metrics=self.best_metrics or self.metrics, error=error,
+                                 nonfinite_skipped=self.nonfinite_skipped)
+                self.events.close()
+            self._fire("on_train_end")
+
+    def _loop(self) -> str:
+        cfg = self.cfg
+        close_at = max(cfg.epochs - cfg.no_aug_epochs, 0)
+        since_best = 0
+        for epoch in range(self.start_epoch, cfg.epochs):
+            self.epoch = epoch
+            if epoch >= close_at and self.train_set.mosaic_enabled:
+                self._close_mosaic(epoch)
+            t0 = time.perf_counter()
+            losses, lr = self._train_epoch(epoch)
+            if self.stop_requested:
+                self._save(epoch - 1, is_best=False)
+                raise TrainingInterrupted(self.stop_reason)
+            epoch_time = time.perf_counter() - t0
+            validate_now = cfg.val and self.val_loader is not None and (
+                (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs
+            )
+            if validate_now:
+                self.metrics = self._validate()
+            fit = fitness(self.metrics) if validate_now else float("nan")
+            is_best = validate_now and fit > self.best_fitness or (not cfg.val and epoch + 1 == cfg.epochs)
+            if is_best:
+                self.best_fitness, self.best_epoch = (fit if validate_now else 0.0), epoch + 1
+                self.best_metrics = dict(self.metrics)
+                since_best = 0
+            elif validate_now:
+                since_best += 1
+            row = {"epoch": epoch + 1, "time": round(time.time(), 3), "epoch_time_s": round(epoch_time, 3),
+                   **{f"train/{k}_loss": round(v, 6) for k, v in losses.items()},
+                   **{f"metrics/{k}": round(self.metrics.get(k, float("nan")), 6)
+                      for k in ("precision", "recall", "mAP50", "mAP50-95")},
+                   "fitness": round(fit, 6), "lr": lr, "validated": int(validate_now),
+                   "is_best": int(is_best)}
+            self.history.append(row)
+            self._save(epoch, is_best)
+            self._write_results()
+            self.events.emit("artifact", path="results.csv", kind="results")
+            self.events.emit("epoch_end", epoch=epoch + 1, epochs=cfg.epochs, losses=losses,
+                             metrics={k: v for k, v in self.metrics.items() if k != "per_class_AP"}
+                             if validate_now else {}, lr=lr, epoch_time_s=epoch_time,
+                             fitness=fit, is_best=is_best, mosaic=self.train_set.mosaic_enabled)
+            self._print_epoch(epoch, losses, validate_now)
+            self._fire("on_epoch_end")
+            if self.stop_requested:
+                raise TrainingInterrupted(self.stop_reason)
+            if cfg.patience and validate_now and since_best >= cfg.patience:
+                log.info("early stop: no better fitness for %d validated epochs (best epoch %d)",
+                         since_best, self.best_epoch)
+                return "early_stopped"
+        return "succeeded"
+
+    def _close_mosaic(self, epoch: int) -> None:
+        self.train_set.close_mosaic()
+        hook = getattr(self.family, "on_mosaic_disable", None)
+        changed = hook(self.model, self.loss_fn) if hook is not None else False
+        log.info("epoch %d: mosaic and mixup off for the last %d epochs", epoch + 1,
+                 self.cfg.epochs - epoch)
+        if changed:
+            self.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
+
+    def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
+        cfg, device, amp = self.cfg, self.device, self.amp
+        model, loader = self.model, self.train_loader
+        model.train()
+        self.train_set.set_epoch(epoch)
+        loader.sampler.set_epoch(epoch)
+        nb = len(loader)
+        sums = torch.zeros(len(self.item_names), dtype=torch.float64)
+        counted = 0
+        streak = 0
+        lr = self.optimizer.param_groups[0]["lr"]
+        t_start = time.perf_counter()
+        images_seen = 0
+        progress = self._progress(epoch, nb)
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, batch in enumerate(loader):
+            step = epoch * self.steps_per_epoch + i // self.accumulate
+            window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
+            window = self.accumulate if (i // self.accumulate + 1) * self.accumulate <= nb else nb % self.accumulate
+            if i % self.accumulate == 0:
+                lr = self.schedule.apply(self.optimizer, step)
+            imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
+            targets = batch.targets.to(device, non_blocking=True)
+            with amp.autocast():
+                outputs = model(imgs)
+                loss, items = self.loss_fn(outputs, targets, imgs.shape[0])
+            amp.scaler.scale(loss / window).backward()
+            values = torch.cat([loss.detach().float().reshape(1), items.float()]).tolist()
+            finite = all(math.isfinite(v) for v in values)
+            if not finite:
+                streak += 1
+                self.nonfinite_skipped += 1
+                log.warning("epoch %d step %d: non-finite loss (%s); optimizer step skipped",
+                            epoch + 1, i + 1, ", ".join(f"{n}={v:.4g}" for n, v in
+                                                        zip(self.item_names, values[1:], strict=True)))
+                self.optimizer.zero_grad(set_to_none=True)
+                if streak >= MAX_NONFINITE_STREAK:
+                    raise NonFiniteLossError(
+                        f"{streak} non-finite losses in a row at epoch {epoch + 1}: the run diverged; "
+                        "try amp=False or a lower lr0"
+                    )
+                continue
+            streak = 0
+            sums += torch.tensor(values[1:], dtype=torch.float64)
+            counted += 1
+            if window_end:
+                self._optimizer_step()
+            images_seen += imgs.shape[0]
+            if progress is not None or (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
+                elapsed = time.perf_counter() - t_start
+                ips = images_seen / max(elapsed, 1e-9)
+                mean = {n: float(s / max(counted, 1)) for n, s in zip(self.item_names, sums, strict=True)}
+                eta = (nb - i - 1) * elapsed / (i + 1) + (cfg.epochs - epoch - 1) * elapsed / (i + 1) * nb
+                if progress is not None:
+                    progress.set_postfix({**{k: f"{v:.3f}" for k, v in mean.items()}, "img/s": f"{ips:.1f}"})
+                    progress.update(1)
+                if (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
+                    self.events.emit("progress", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1,
+                                     steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean)
+                    if progress is None:
+                        print(f"epoch {epoch + 1}/{cfg.epochs} step {i + 1}/{nb} "
+                              + " ".join(f"{k}={v:.4f}" for k, v in mean.items())
+                              + f" {ips:.1f} img/s eta {eta:.0f}s", flush=True)
+            if self.stop_requested:
+                break
+        if progress is not None:
+            progress.close()
+        mean = {n: float(s / max(counted, 1)) for n, s in zip(self.item_names, sums, strict=True)}
+        return mean, lr
+
+    def _optimizer_step(self) -> None:
+        scaler = self.amp.scaler
+        if self.cfg.clip_max_norm:
+            scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_max_norm, foreach=True)
+        scaler.step(self.optimizer)
+        scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+
+    def _validate(self) -> dict[str, float]:
+        net = self.ema.module if self.ema is not None else unwrap(self.model)
+        return validate(net, self.family, self.val_loader, self.device, self.nc, conf=self.cfg.conf,
+                        iou=self.cfg.iou, max_det=self.cfg.max_det, amp=self.amp)
+
+    # -- output ---------------------------------------------------------------------------
+    def _progress(self, epoch: int, total: int):
+        if not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="batch",
+                    dynamic_ncols=True, leave=True)
+
+    def _print_header(self) -> None:
+        print(f"{self.spec.title}-{self.size} nc={self.nc} on {self.device} ({self.amp.name}), "
+              f"imgsz={self.cfg.imgsz} batch={self.batch} accumulate={self.accumulate}, "
+              f"{len(self.train_set)} train images -> {self.run_dir}", flush=True)
+
+    def _print_epoch(self, epoch: int, losses: dict[str, float], validated: bool) -> None:
+        parts = [f"epoch {epoch + 1}/{self.cfg.epochs}"]
+        parts += [f"{k}={v:.4f}" for k, v in losses.items()]
+        if validated:
+            m = self.metrics
+            parts += [f"P={m.get('precision', 0):.3f}", f"R={m.get('recall', 0):.3f}",
+                      f"mAP50={m.get('mAP50', 0):.4f}", f"mAP50-95={m.get('mAP50-95', 0):.4f}"]
+        print("  ".join(parts), flush=True)
+
+    def _result(self) -> dict[str, Any]:
+        return {
+            **(self.best_metrics or self.metrics),
+            "fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
+            "epochs_completed": self.epoch + 1,
+            "save_dir": str(self.run_dir),
+            "best_checkpoint": str(self.run_dir / "weights" / "best.pt"),
+            "last_checkpoint": str(self.run_dir / "weights" / "last.pt"),
+            "nonfinite_skipped": self.nonfinite_skipped,
+        }

@@ -1,0 +1,274 @@
+"""``LibreYOLO``: the Python entry point (build, train, validate, predict).
+
+    model = LibreYOLO("yolo9-t")                      # from the registry
+    model.train(data="coco128.yaml", epochs=3, imgsz=320)
+    model = LibreYOLO("runs/train/exp/weights/best.pt")  # from a checkpoint
+    results = model.predict("images/", conf=0.25)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from libreyolo_core.config import resolve_config
+from libreyolo_core.data.config import is_image_file
+from libreyolo_core.engine.checkpoint import load_checkpoint
+from libreyolo_core.engine.ema import unwrap
+from libreyolo_core.models.registry import get_family, load_family, parse_model_name
+
+__all__ = ["LibreYOLO", "Prediction"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prediction:
+    """Detections of one image, in that image's original pixels.
+
+    Attributes:
+        boxes: (n, 4) float32 xyxy pixels.
+        scores: (n,) float32 in [0, 1].
+        classes: (n,) int64 class ids.
+        names: class name of each detection (length n).
+        path: source file, or ``None`` for in-memory images.
+        orig_shape: (height, width) of the source image.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    names: list[str]
+    path: str | None
+    orig_shape: tuple[int, int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def _transfer(dst: nn.Module, state: dict[str, torch.Tensor]) -> int:
+    """Copy every tensor of ``state`` whose name and shape match ``dst``; returns the count."""
+    own = dst.state_dict()
+    keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    dst.load_state_dict(keep, strict=False)
+    return len(keep)
+
+
+class LibreYOLO:
+    """A detector of a registered family, built from a name or from a checkpoint.
+
+    Args:
+        model: ``"yolo9-t"`` (family-size) or a path to a ``.pt`` checkpoint of ours
+            (loaded with ``weights_only=True``).
+        nc: number of classes of a freshly built model (training re-syncs it from the data).
+        names: class names of a freshly built model.
+
+    Raises:
+        ModelNameError: unknown model name. CheckpointError: bad checkpoint file.
+    """
+
+    def __init__(self, model: str | Path = "yolo9-t", nc: int = 80, names: dict[int, str] | None = None):
+        self.checkpoint: Path | None = None
+        text = str(model)
+        if text.endswith(".pt") or Path(text).is_file():
+            ckpt = load_checkpoint(text)
+            self.spec, self.size = get_family(ckpt["model_family"]), ckpt["size"]
+            self.family = load_family(self.spec)
+            self.nc, self.names = int(ckpt["nc"]), dict(ckpt["names"])
+            self.model = self.family.build_model(self.size, self.nc)
+            self.model.load_state_dict(ckpt["model"])
+            self.imgsz = int(ckpt.get("imgsz", 640))
+            self.checkpoint = Path(text)
+        else:
+            self.spec, self.size = parse_model_name(text)
+            self.family = load_family(self.spec)
+            self.nc = nc
+            self.names = dict(names) if names else {i: str(i) for i in range(nc)}
+            self.model = self.family.build_model(self.size, nc)
+            self.imgsz = self.spec.default_imgsz[self.size]
+        self.name = f"{self.spec.name}-{self.size}"
+        self.model.eval()
+
+    def __repr__(self) -> str:
+        src = f", checkpoint={str(self.checkpoint)!r}" if self.checkpoint else ""
+        return f"LibreYOLO({self.name!r}, nc={self.nc}{src})"
+
+    # -- training -----------------------------------------------------------------------
+    def train(
+        self,
+        data: str | Path,
+        callbacks: dict[str, list[Callable]] | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """Train on ``data`` (a dataset yaml) with TrainConfig ``overrides``.
+
+        The weights of this object are the starting point (matching layers are kept when
+        the dataset's class count differs). After training, the best checkpoint is loaded
+        back into this object.
+
+        Returns:
+            Final metrics: ``mAP50``, ``mAP50-95``, ``precision``, ``recall`` of the best
+            epoch, plus ``best_epoch``, ``save_dir``, ``best_checkpoint``,
+            ``last_checkpoint``.
+
+        Raises:
+            ConfigError: a bad key or value. DataConfigError / DatasetError: bad dataset.
+            TrainingInterrupted: SIGTERM; ``last.pt`` was saved first.
+        """
+        from libreyolo_core.data.config import load_data_config
+        from libreyolo_core.engine.trainer import Trainer
+
+        cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
+        names = load_data_config(cfg.data).names
+        if len(names) != self.nc:
+            fresh = self.family.build_model(self.size, len(names))
+            kept = _transfer(fresh, self.model.state_dict())
+            log.info("class count %d -> %d: rebuilt the head, kept %d tensors", self.nc, len(names), kept)
+            self.model, self.nc = fresh, len(names)
+        self.names = dict(names)
+        trainer = Trainer(cfg, model=self.model, callbacks=callbacks)
+        result = trainer.train()
+        self.model = unwrap(trainer.model)
+        best = Path(result["best_checkpoint"])
+        if best.is_file():
+            self.model.load_state_dict(load_checkpoint(best)["model"])
+            self.checkpoint = best
+        self.imgsz = cfg.imgsz
+        self.model.eval()
+        return result
+
+    # -- validation -----------------------------------------------------------------------
+    def val(
+        self,
+        data: str | Path,
+        split: str = "val",
+        batch: int = 16,
+        imgsz: int | None = None,
+        conf: float = 0.001,
+        iou: float = 0.6,
+        max_det: int = 300,
+        device: str = "auto",
+        workers: int = 2,
+    ) -> dict[str, Any]:
+        """COCO metrics of this model on a split of ``data``.
+
+        Returns:
+            ``mAP50-95``, ``mAP50``, ``precision``, ``recall``, ``per_class_AP``.
+
+        Raises:
+            DataConfigError: the yaml has no such split.
+        """
+        from libreyolo_core.data.config import DataConfigError, load_data_config
+        from libreyolo_core.data.dataset import YOLODataset
+        from libreyolo_core.data.loader import build_dataloader
+        from libreyolo_core.data.scan import scan_split
+        from libreyolo_core.distributed.device import select_device
+        from libreyolo_core.eval.validate import validate
+
+        dc = load_data_config(data)
+        if len(dc.names) != self.nc:
+            raise DataConfigError(f"{dc.yaml_path}: {len(dc.names)} classes but the model has {self.nc}")
+        dev = select_device(device)
+        report = scan_split(dc, split)
+        ds = YOLODataset(report, imgsz or self.imgsz, augment=False, hyp={}, cache=False)
+        loader = build_dataloader(ds, batch, workers, shuffle=False)
+        self.model.to(dev)
+        try:
+            return validate(self.model, self.family, loader, dev, self.nc, conf=conf, iou=iou,
+                            max_det=max_det)
+        finally:
+            self.model.cpu().eval()
+
+    # -- inference ------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(
+        self,
+        source: Any,
+        conf: float = 0.25,
+        iou: float = 0.45,
+        imgsz: int | None = None,
+        max_det: int = 300,
+        device: str = "auto",
+    ) -> list[Prediction]:
+        """Detect objects in ``source``.
+
+        Args:
+            source: an image path, a folder of images, a PIL image, a numpy array
+                (H, W, 3) uint8 **RGB**, or a list of these.
+            conf: score threshold. iou: NMS IoU threshold. max_det: cap per image.
+            imgsz: inference size (default: the training size).
+
+        Returns:
+            One :class:`Prediction` per image, boxes in original-image pixels.
+
+        Raises:
+            FileNotFoundError: a path that does not exist, or a folder without images.
+        """
+        from libreyolo_core.data.augment import letterbox
+        from libreyolo_core.data.image import load_image
+        from libreyolo_core.distributed.device import select_device
+        from libreyolo_core.models.postprocess import scale_boxes
+
+        size = imgsz or self.imgsz
+        dev = select_device(device)
+        net = self.model.to(dev).eval()
+        out = []
+        for item, path in self._sources(source):
+            img = load_image(item) if path is not None else self._as_rgb(item)
+            h0, w0 = img.shape[:2]
+            canvas, _, ratio, pad = letterbox(img, size)
+            x = torch.from_numpy(np.ascontiguousarray(canvas.transpose(2, 0, 1)))[None].to(dev)
+            pred = self.family.postprocess(net(self.family.preprocess(x)), conf=conf, iou=iou,
+                                           max_det=max_det)[0].float().cpu()
+            boxes = scale_boxes(pred[:, :4].clone(), ratio, pad, (h0, w0))
+            classes = pred[:, 5].long().numpy()
+            out.append(Prediction(boxes.numpy().astype(np.float32), pred[:, 4].numpy().astype(np.float32),
+                                  classes, [self.names.get(int(c), str(int(c))) for c in classes],
+                                  str(path) if path is not None else None, (h0, w0)))
+        self.model.cpu()
+        return out
+
+    @staticmethod
+    def _as_rgb(item: Any) -> np.ndarray:
+        if hasattr(item, "convert"):  # PIL image
+            return np.asarray(item.convert("RGB"))
+        arr = np.asarray(item)
+        if arr.ndim == 2:
+            arr = np.repeat(arr[..., None], 3, axis=2)
+        if arr.ndim != 3 or arr.shape[2] not in (3, 4):
+            raise ValueError(f"an image array must be (H, W, 3) RGB uint8, got shape {arr.shape}")
+        return np.ascontiguousarray(arr[..., :3].astype(np.uint8))
+
+    @staticmethod
+    def _sources(source: Any):
+        items = source if isinstance(source, list | tuple) else [source]
+        for item in items:
+            if isinstance(item, str | Path):
+                p = Path(item)
+                if p.is_dir():
+                    files = sorted(f for f in p.rglob("*") if f.is_file() and is_image_file(f))
+                    if not files:
+                        raise FileNotFoundError(f"no images in folder {p}")
+                    for f in files:
+                        yield f, f
+                elif p.is_file():
+                    yield p, p
+                else:
+                    raise FileNotFoundError(f"image source not found: {p}")
+            else:
+                yield item, None
+
+    # -- misc -------------------------------------------------------------------------------
+    def info(self, imgsz: int | None = None) -> dict[str, Any]:
+        """Parameter count and GFLOPs (2 x MAC) at ``imgsz``."""
+        from libreyolo_core.models.flops import model_info
+
+        return model_info(self.model, imgsz or self.imgsz)

@@ -1,0 +1,59 @@
+"""The `libreyolo` command line: key=value parsing, exit codes, messages naming the key."""
+
+import subprocess
+import sys
+
+import pytest
+
+from libreyolo_core.cli import UsageError, parse_args, run
+
+
+def libreyolo(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "libreyolo_core.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_parse_key_value_and_flags():
+    cmd, keys = parse_args(["detect", "train", "model=yolo9-t", "--epochs", "3", "--no-amp",
+                            "--exist-ok", "nbs=none", "scale=(0.5,1.5)"])
+    assert cmd == "train"
+    assert keys == {"model": "yolo9-t", "epochs": "3", "amp": "false", "exist_ok": "true",
+                    "nbs": None, "scale": "(0.5,1.5)"}
+    with pytest.raises(UsageError, match="Did you mean 'train'"):
+        parse_args(["trian"])
+    with pytest.raises(UsageError, match="not key=value"):
+        parse_args(["train", "epochs"])
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train", "model=yolo9-t", "data=x.yaml", "epoch=3"], "Did you mean epochs"),
+        (["train", "model=yolo9-t", "data=x.yaml", "lr0=abc"], "lr0='abc'"),
+        (["train", "model=yolo9-q", "data=x.yaml"], "Valid models: yolo9-t, yolo9-s"),
+        (["cfg", "model=yolo9-t", "imgsz=100"], "multiple of 32"),
+        (["val", "model=yolo9-t", "dat=x.yaml"], "Did you mean 'data'"),
+    ],
+)
+def test_bad_keys_exit_2_naming_the_key(args, words, capsys):
+    assert run(args) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cfg_prints_resolved_config():
+    out = libreyolo("cfg", "model=yolo9-s", "epochs=7")
+    assert out.returncode == 0, out.stderr
+    assert "resolved training config for yolo9-s" in out.stdout
+    assert any(ln.startswith("epochs") and "7" in ln and "[user]" in ln for ln in out.stdout.splitlines())
+
+
+def test_checks_missing_yaml_is_a_data_error(tmp_path):
+    out = libreyolo("checks", f"data={tmp_path / 'missing.yaml'}")
+    assert out.returncode == 3
+    assert "missing.yaml" in out.stderr
+
+
+def test_info_prints_params_and_gflops():
+    out = libreyolo("info", "model=yolo9-t", "imgsz=640")
+    assert out.returncode == 0, out.stderr
+    assert "2,036,544 parameters" in out.stdout and "GFLOPs" in out.stdout
