@@ -1,0 +1,427 @@
+"""``/v1/jobs``: submit, list, read, cancel, events (JSON and SSE), logs, artifacts."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import FileResponse, PlainTextResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sse_starlette import EventSourceResponse
+
+from libreyolo_core.config import ConfigError, resolve_config
+from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.problems import Problem
+from service.api.schemas import (
+    ArtifactPublic,
+    ArtifactsList,
+    EventPublic,
+    EventsPage,
+    JobCreate,
+    JobPublic,
+    JobsPage,
+)
+from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
+from service.ops import append_events, transition
+from service.queue import enqueue, queue_for
+
+__all__ = ["router", "job_public"]
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+GPU_COUNTS = (0, 1, 2, 4, 8)
+#: params the service sets itself (run directory, resume, devices).
+RESERVED_PARAMS = ("project", "name", "exist_ok", "resume", "device", "data", "model")
+TIMELINE_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; "
+    "base-uri 'none'; frame-ancestors 'self'; sandbox allow-scripts"
+)
+_NOT_FOUND = {404: {"description": "no such job (or another user's job)"}}
+
+
+def job_public(job: Job) -> JobPublic:
+    """Public view of a job row."""
+    duration = None
+    if job.started_at and job.finished_at:
+        duration = (job.finished_at - job.started_at).total_seconds()
+    out = JobPublic.model_validate(job)
+    out.duration_s = duration
+    return out
+
+
+def _validate_params(body: JobCreate, gpus: int) -> dict[str, Any]:
+    """Validate ``params`` with the engine's TrainConfig; returns the canonical user keys.
+
+    Raises:
+        Problem 422: naming ``params.<key>`` (or ``model``) and what is allowed.
+    """
+    for key in body.params:
+        if key.replace("-", "_") in RESERVED_PARAMS:
+            where = key if key in ("data", "model") else None
+            detail = (f"params.{key}: set '{key}' at the top level of the request"
+                      if where else f"params.{key}: set by the service, not by the request")
+            raise Problem(422, detail, field=f"params.{key}")
+    try:
+        cfg = resolve_config({**body.params, "model": body.model})
+    except ConfigError as exc:
+        field = "model" if exc.key == "model" else f"params.{exc.key}"
+        raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
+                      allowed=exc.allowed) from None
+    world = gpus or body.procs
+    if cfg.batch > 0 and cfg.batch % world:
+        lo, hi = cfg.batch // world * world, (cfg.batch // world + 1) * world
+        nearest = [v for v in (lo, hi) if v > 0]
+        ranks = f"gpus={gpus}" if gpus else f"procs={body.procs}"
+        raise Problem(422, f"params.batch: batch={cfg.batch} is not divisible by {ranks}; "
+                      f"use {' or '.join(map(str, nearest))}", field="params.batch",
+                      value=cfg.batch, allowed=nearest)
+    keys = set(cfg.model_fields_set) - {"model"}
+    return cfg.model_dump(mode="json", include=keys)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool) -> str:
+    """Dataset id -> its yaml path; a path must be absolute (and exist when checked)."""
+    if not data.startswith("/"):
+        ds = session.get(Dataset, data)
+        if ds is None or (ds.owner_id != user.id and not user.is_admin):
+            raise Problem(422, f"data: {data!r} is neither a dataset id nor an absolute yaml "
+                          "path", field="data")
+        return ds.path
+    path = Path(data)
+    if path.suffix not in (".yaml", ".yml"):
+        raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
+    if check and not path.is_file():
+        raise Problem(422, f"data: {data!r} does not exist", field="data")
+    return data
+
+
+@router.post(
+    "", status_code=201, response_model=JobPublic, operation_id="jobs-submit",
+    responses={200: {"description": "Idempotency-Key replay: the existing job"},
+               409: {"description": "Idempotency-Key reused with a different request"},
+               422: {"description": "invalid field; the problem names it"}},
+)
+def submit_job(
+    body: JobCreate, user: CurrentUser, session: SessionDep, settings: SettingsDep,
+    request: Request, response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> JobPublic:
+    """Submit a training or profile job.
+
+    ``params`` are validated by the engine's TrainConfig (an unknown key or bad value is a
+    422 whose ``field`` is ``params.<key>``); ``batch`` must divide by the rank count
+    (``gpus``, or ``procs`` for a CPU job). Nothing is queued on error. The job row is
+    committed, then ``run_job`` is sent to the queue for its GPU count.
+
+    With an ``Idempotency-Key`` header a retried submit returns the existing job (200); the
+    same key with a different body is a 409.
+
+    Returns:
+        The job (201), status ``queued``.
+    """
+    gpus = settings.default_gpus if body.gpus is None else body.gpus
+    if gpus not in GPU_COUNTS:
+        raise Problem(422, f"gpus: {gpus} is not one of {', '.join(map(str, GPU_COUNTS))}",
+                      field="gpus")
+    if gpus and body.procs != 1:
+        raise Problem(422, "procs: only a CPU job (gpus=0) sets procs", field="procs")
+    request_sha = hashlib.sha256(
+        json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
+    ).hexdigest()
+    if idempotency_key:
+        existing = _idempotent_job(session, user.id, idempotency_key, request_sha)
+        if existing is not None:
+            response.status_code = 200
+            return job_public(existing)
+    params = _validate_params(body, gpus)
+    data = _resolve_data(session, user, body.data, settings.check_data_paths)
+    model = resolve_config({"model": body.model}).model
+    now = utcnow()
+    job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
+              gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,
+              queue=queue_for(gpus), status="queued", attempt=0,
+              max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
+              idempotency_key=idempotency_key, request_sha256=request_sha,
+              cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
+              created_at=now, enqueued_at=now)
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent submit with the same Idempotency-Key won
+        session.rollback()
+        existing = _idempotent_job(session, user.id, idempotency_key or "", request_sha)
+        if existing is None:
+            raise
+        response.status_code = 200
+        return job_public(existing)
+    append_events(session, job.id, [("status", time.time(), {"event": "status",
+                                                              "status": "queued"})])
+    session.commit()
+    session.refresh(job)
+    try:
+        enqueue(request.app.state.celery, job.id, job.queue, job.priority)
+    except Exception:  # broker down: the reaper re-sends queued jobs later
+        log.exception("could not send job %s to queue %s; the reaper will retry",
+                      job.id, job.queue)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_public(job)
+
+
+def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: str) -> Job | None:
+    job = session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == key))
+    if job is not None and job.request_sha256 != request_sha:
+        raise Problem(409, f"Idempotency-Key {key!r} was used for a different request "
+                      f"(job {job.id})", field="Idempotency-Key", job_id=job.id)
+    return job
+
+
+@router.get("", response_model=JobsPage, operation_id="jobs-list")
+def list_jobs(
+    user: CurrentUser, session: SessionDep,
+    status: Annotated[list[str] | None, Query(description="filter; repeat or comma-separate")] = None,
+    kind: Annotated[str | None, Query(description="train or profile")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> JobsPage:
+    """List your jobs, newest first (admins see everyone's).
+
+    Cursor pagination: pass ``next_cursor`` back as ``cursor``; it is None on the last page.
+    """
+    stmt = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if not user.is_admin:
+        stmt = stmt.where(Job.owner_id == user.id)
+    if status:
+        wanted = {s.strip() for item in status for s in item.split(",") if s.strip()}
+        stmt = stmt.where(Job.status.in_(wanted))
+    if kind:
+        stmt = stmt.where(Job.kind == kind)
+    if cursor:
+        try:
+            last_id = base64.urlsafe_b64decode(cursor.encode()).decode()
+        except (ValueError, UnicodeDecodeError):
+            last_id = ""
+        if not re.fullmatch(r"j[0-9a-f]{24}", last_id):
+            raise Problem(422, "cursor: not a cursor returned by this endpoint", field="cursor")
+        stmt = stmt.where(Job.id < last_id)
+    rows = list(session.scalars(stmt))
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
+    return JobsPage(data=[job_public(j) for j in rows], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
+def get_job(job: OwnedJob) -> JobPublic:
+    """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail."""
+    return job_public(job)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
+             operation_id="jobs-cancel",
+             responses={**_NOT_FOUND, 409: {"description": "the job already finished"}})
+def cancel_job(job: OwnedJob, session: SessionDep) -> JobPublic:
+    """Cancel a job.
+
+    A queued job is ``cancelled`` at once; a running one becomes ``cancelling`` and its
+    worker stops the engine (SIGTERM, SIGKILL after the grace period), then ``cancelled``.
+    Cancelling a ``cancelling`` job again is a no-op.
+
+    Raises:
+        409: the job is already succeeded, failed or cancelled.
+    """
+    job_id = job.id
+    done = transition(session, job_id, ["queued"], "cancelled", cancel_requested=True,
+                      finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
+                      event={"reason": "cancelled while queued"})
+    if not done:
+        transition(session, job_id, ["running"], "cancelling", cancel_requested=True)
+    session.commit()
+    session.expire_all()
+    job = session.get(Job, job_id)
+    if job.status in TERMINAL and not (done and job.status == "cancelled"):
+        raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
+    return job_public(job)
+
+
+def _event_public(e: JobEvent) -> EventPublic:
+    return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
+
+
+def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    with sessions() as session:
+        status = session.scalar(select(Job.status).where(Job.id == job_id))
+        rows = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+            .order_by(JobEvent.seq).limit(limit)
+        ).all()
+        return [_event_public(e) for e in rows], status
+
+
+@router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
+            responses=_NOT_FOUND)
+def list_events(
+    job: OwnedJob, request: Request,
+    after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> EventsPage:
+    """Events of a job in order (``seq`` 1, 2, 3... without gaps).
+
+    Kinds: ``status`` (service transitions, run_start/run_end), ``metric`` (epoch_start,
+    progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
+    in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
+    """
+    events, status = _fetch_events(request.app.state.sessions, job.id, after, limit)
+    next_after = events[-1].seq if events else after
+    return EventsPage(data=events, next_after=next_after, status=status,
+                      done=status in TERMINAL and len(events) < limit)
+
+
+@router.get(
+    "/{job_id}/events/stream", operation_id="jobs-events-stream",
+    responses={**_NOT_FOUND, 200: {"content": {"text/event-stream": {}},
+                                   "description": "Server-Sent Events"}},
+)
+def stream_events(
+    job: OwnedJob, request: Request, settings: SettingsDep,
+    after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """Follow a job's events as Server-Sent Events.
+
+    Each event has ``id: <seq>``, ``event: <kind>`` and ``data: <EventPublic JSON>``.
+    Resume after a disconnect with the ``Last-Event-ID`` header (or ``?after=``). Comment
+    pings keep idle connections alive. When the job is terminal and every event was sent,
+    a final ``event: end`` with ``{"status": ..., "last_seq": ...}`` closes the stream;
+    a stream never ends without it.
+    """
+    start = after
+    if last_event_id and last_event_id.strip().isdigit():
+        start = max(start, int(last_event_id.strip()))
+    sessions, job_id, poll = request.app.state.sessions, job.id, settings.sse_poll_s
+
+    async def gen():
+        last = start
+        while True:
+            events, status = await anyio.to_thread.run_sync(
+                _fetch_events, sessions, job_id, last, 500)
+            for e in events:
+                last = e.seq
+                yield {"id": str(e.seq), "event": e.kind, "data": e.model_dump_json()}
+            if not events:
+                if status in TERMINAL or status is None:
+                    yield {"event": "end", "data": json.dumps({"status": status,
+                                                               "last_seq": last})}
+                    return
+                await anyio.sleep(poll)
+
+    return EventSourceResponse(gen(), ping=int(max(1, settings.sse_ping_s)),
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, operation_id="jobs-logs",
+            responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}}})
+def get_logs(
+    job: OwnedJob, store: StoreDep,
+    offset: Annotated[int, Query(ge=0, description="byte offset to start from")] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=100_000, description="last N lines only")] = None,
+) -> PlainTextResponse:
+    """The engine's stdout+stderr (``train.log``) as text.
+
+    ``X-Log-Size`` gives the file size in bytes: pass it back as ``offset`` to follow.
+    Empty before the job starts.
+    """
+    path = store.log_path(job.id)
+    if not path.is_file():
+        return PlainTextResponse("", headers={"X-Log-Size": "0"})
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(min(offset, size))
+        data = f.read()
+    text = data.decode("utf-8", errors="replace")
+    if tail:
+        text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
+    return PlainTextResponse(text, headers={"X-Log-Size": str(size)})
+
+
+@router.get("/{job_id}/artifacts", response_model=ArtifactsList, operation_id="jobs-artifacts",
+            responses=_NOT_FOUND)
+def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> ArtifactsList:
+    """Files of the job's run directory: path, kind, size and sha256.
+
+    Recorded (with sha256) when the job finishes; while it runs the files on disk are
+    listed without sha256.
+    """
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id)
+                           .order_by(Artifact.path)).all()
+    url = f"/v1/jobs/{job.id}/artifacts/"
+    if rows:
+        data = [ArtifactPublic(path=a.path, kind=a.kind, size_bytes=a.size_bytes,
+                               sha256=a.sha256, url=url + a.path) for a in rows]
+    else:
+        from service.storage import artifact_kind
+
+        data = [ArtifactPublic(path=rel, kind=artifact_kind(rel), size_bytes=p.stat().st_size,
+                               sha256=None, url=url + rel) for rel, p in store.list_files(job.id)]
+    return ArtifactsList(data=data)
+
+
+@router.get(
+    "/{job_id}/artifacts/{path:path}", operation_id="jobs-artifact-download",
+    responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
+               206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
+)
+def download_artifact(
+    job: OwnedJob, path: str, session: SessionDep, store: StoreDep,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+) -> Response:
+    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``).
+
+    Supports ``Range`` (206), ``ETag`` / ``If-None-Match`` (304; the ETag is the sha256
+    once recorded) and sends ``X-Content-SHA256``. ``timeline.html`` is served inline as
+    HTML under a Content-Security-Policy that blocks all network access; every other
+    file is an attachment.
+
+    Raises:
+        404: no such file, or the path leaves the run directory (``..``, absolute, symlink).
+    """
+    file = store.resolve(job.id, path)
+    if file is None:
+        raise Problem(404, f"artifact {path!r} not found in job {job.id}")
+    rel = file.relative_to(store.run_dir(job.id).resolve()).as_posix()
+    row = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == rel))
+    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-cache"}
+    if row is not None:
+        etag = f'"{row.sha256}"'
+        headers["ETag"] = etag
+        headers["X-Content-SHA256"] = row.sha256
+        headers["Repr-Digest"] = "sha-256=:" + base64.b64encode(
+            bytes.fromhex(row.sha256)).decode() + ":"
+        if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
+            return Response(status_code=304, headers=headers)
+    if file.name == "timeline.html":
+        headers["Content-Security-Policy"] = TIMELINE_CSP
+        return FileResponse(file, media_type="text/html; charset=utf-8", headers=headers,
+                            filename=file.name, content_disposition_type="inline")
+    return FileResponse(file, media_type="application/octet-stream", headers=headers,
+                        filename=file.name, content_disposition_type="attachment")

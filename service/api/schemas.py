@@ -1,0 +1,121 @@
+"""Request and response schemas, one per role (create / public / page)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
+    "ArtifactsList", "DatasetRegister", "DatasetPublic", "DatasetsPage",
+]
+
+
+class JobCreate(BaseModel):
+    """What a client may send to ``POST /v1/jobs``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "kind": "train", "model": "yolo9-t", "data": "/data/coco8/data.yaml",
+        "params": {"epochs": 10, "batch": 16, "imgsz": 320}, "gpus": 1,
+    }]})
+
+    kind: Literal["train", "profile"] = Field("train", description="train or profile")
+    model: str = Field(..., description="model name <family>-<size>, e.g. yolo9-t")
+    data: str = Field(..., description="dataset id (d...) or a dataset yaml path the "
+                      "workers can read")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="training keys (see libreyolo_core TrainConfig)")
+    gpus: int | None = Field(None, description="GPUs: 0 (CPU job), 1, 2, 4 or 8; default from "
+                             "the server settings")
+    procs: int = Field(1, ge=1, le=64, description="CPU ranks (Gloo) of a gpus=0 job")
+    priority: int = Field(0, ge=0, le=9, description="0 (default) .. 9 (first)")
+    time_budget_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds; "
+                                        "the run is stopped (SIGTERM) and failed after it")
+
+
+class JobPublic(BaseModel):
+    """A job as the API shows it (no lease or offset bookkeeping)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    kind: str
+    model: str
+    data: str
+    params: dict[str, Any]
+    gpus: int
+    procs: int
+    priority: int
+    queue: str
+    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    attempt: int = Field(description="runs started so far (1 on the first run)")
+    max_attempts: int
+    cancel_requested: bool
+    time_budget_s: float | None
+    progress: dict[str, Any] | None = Field(
+        None, description="latest progress: epoch, epochs, step, steps, eta_s, metrics")
+    result: dict[str, Any] | None = Field(
+        None, description="on success: final status, best_epoch, metrics, verdict (profile)")
+    error: dict[str, Any] | None = Field(
+        None, description="on failure: reason, exit_code, log_tail")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None = Field(None, description="finished_at - started_at, seconds")
+
+
+class JobsPage(BaseModel):
+    data: list[JobPublic]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page")
+
+
+class EventPublic(BaseModel):
+    seq: int = Field(description="1, 2, 3... per job, no gaps")
+    time: float = Field(description="unix seconds")
+    kind: Literal["log", "metric", "status", "artifact"]
+    data: dict[str, Any] = Field(description="the event; engine events keep their 'event' key")
+
+
+class EventsPage(BaseModel):
+    data: list[EventPublic]
+    next_after: int = Field(description="pass as ?after= to continue")
+    status: str = Field(description="the job's status now")
+    done: bool = Field(description="the job is terminal and every event was returned")
+
+
+class ArtifactPublic(BaseModel):
+    path: str = Field(description="relative to the run directory, e.g. weights/best.pt")
+    kind: str
+    size_bytes: int
+    sha256: str | None = Field(None, description="None while the job runs")
+    url: str
+
+
+class ArtifactsList(BaseModel):
+    data: list[ArtifactPublic]
+
+
+class DatasetRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"name": "coco8", "path": "/data/coco8/data.yaml"}]})
+
+    name: str = Field(..., min_length=1, max_length=200)
+    path: str = Field(..., description="absolute dataset yaml path visible to the workers")
+
+
+class DatasetPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    path: str
+    source: str
+    status: str
+    report: dict[str, Any] | None
+    created_at: datetime
+
+
+class DatasetsPage(BaseModel):
+    data: list[DatasetPublic]

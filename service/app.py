@@ -1,0 +1,86 @@
+"""Application factory: ``create_app(settings)``; no globals, no import-time side effects."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CollectorRegistry
+
+from service.api import datasets, health, jobs
+from service.api.problems import install_problem_handlers
+from service.db.session import make_engine, make_session_factory
+from service.metrics import ServiceCollector
+from service.queue import create_celery, enqueue
+from service.reaper import reaper_loop
+from service.settings import Settings
+from service.storage import ArtifactStore
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Remote training service for YOLO detectors.
+
+Submit a training or profile job (`POST /v1/jobs`), follow its events
+(`GET /v1/jobs/{id}/events/stream`, Server-Sent Events), then download checkpoints,
+metrics and the profiler timeline (`GET /v1/jobs/{id}/artifacts/{path}`).
+
+Every route except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer <token>`
+(`libreyolo-service token create --name alice`). Errors are `application/problem+json`
+whose `detail` (and `field`, for 422s) names what is wrong.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API.
+
+    Args:
+        settings: configuration; ``Settings()`` (environment) when None. The database must
+            be migrated already (``libreyolo-service db upgrade``; ``serve`` and ``up`` do it).
+
+    Returns:
+        The FastAPI app. Its lifespan runs the reaper (unless ``reaper_enabled`` is false)
+        and disposes the database engine on shutdown.
+    """
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.ensure_dirs()
+        async with anyio.create_task_group() as tg:
+            if settings.reaper_enabled:
+                tg.start_soon(reaper_loop, app.state.sessions, settings, app.state.send)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+        app.state.engine.dispose()
+
+    app = FastAPI(title="LibreYOLO training service", version="0.1.0", description=DESCRIPTION,
+                  lifespan=lifespan)
+    engine = make_engine(settings.database_url)
+    celery = create_celery(settings)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = make_session_factory(engine)
+    app.state.celery = celery
+    app.state.send = lambda job_id, queue, priority: enqueue(celery, job_id, queue, priority)
+    app.state.store = ArtifactStore(settings.artifact_root)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(app.state.sessions, celery))
+    app.state.registry = registry
+
+    install_problem_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["Location", "ETag", "X-Content-SHA256", "X-Log-Size"])
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(datasets.router)
+    return app

@@ -1,0 +1,203 @@
+"""``libreyolo-service``: up | serve | worker | db upgrade | token create.
+
+``up`` is the embedded default: migrations, an admin token saved for the SDK, the API and
+one worker as child processes; Ctrl-C or SIGTERM stops both and leaves no child behind.
+The CLI never imports the worker: it starts ``python -m worker`` as its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from service.settings import Settings
+
+__all__ = ["main", "app"]
+
+app = typer.Typer(help="LibreYOLO training service", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+db_app = typer.Typer(help="database commands", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    settings.ensure_dirs()
+    return settings
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply the Alembic migrations (creates the tables on a new database)."""
+    from service.db.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url, revision)
+    typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def _create_token(settings: Settings, name: str, admin: bool) -> str:
+    from service.db.session import make_engine, make_session_factory
+    from service.ops import create_user_token
+
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            _, token = create_user_token(session, name=name, admin=admin)
+            session.commit()
+    finally:
+        engine.dispose()
+    return token
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Option(help="user name (created if new)")],
+    admin: Annotated[bool, typer.Option(help="the user sees every job")] = False,
+) -> None:
+    """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept)."""
+    from service.db.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    typer.echo(_create_token(settings, name, admin))
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+) -> None:
+    """Run the API (and its reaper) with uvicorn, after applying migrations."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.db.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=5)
+
+
+def _worker_argv(gpus: str | None, cpu: bool) -> list[str]:
+    argv = [sys.executable, "-m", "worker"]
+    if cpu:
+        argv.append("--cpu")
+    elif gpus:
+        argv += ["--gpus", gpus]
+    return argv
+
+
+@app.command()
+def worker(
+    gpus: Annotated[str | None, typer.Option(help="GPU indices this worker owns, e.g. 0,1")] = None,
+    cpu: Annotated[bool, typer.Option(help="CPU worker (queue cpu)")] = False,
+) -> None:
+    """Run one Celery worker (one job at a time). Without options: the GPUs found, else CPU."""
+    argv = _worker_argv(gpus, cpu)
+    os.execv(argv[0], argv)
+
+
+def save_credentials(path: Path, url: str, token: str) -> None:
+    """Write ``{"url": ..., "token": ...}`` to ``path`` with mode 600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": url, "token": token}, f)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    gpus: Annotated[str | None, typer.Option(help="GPUs of the worker (default: found)")] = None,
+    cpu: Annotated[bool, typer.Option(help="CPU worker")] = False,
+) -> None:
+    """Embedded mode: migrations, an admin token, the API and one worker.
+
+    Everything lives under ``./.libreyolo/`` (SQLite database, SQLite broker, artifacts).
+    The token is printed and saved to the credentials file (mode 600) the SDK reads.
+    Ctrl-C or SIGTERM stops both processes (the worker stops its engine first).
+    """
+    from service.db.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    token = _create_token(settings, "admin", admin=True)
+    url = f"http://{host}:{port}"
+    save_credentials(settings.credentials_path, url, token)
+    typer.echo(f"API:    {url}  (docs: {url}/docs)")
+    typer.echo(f"token:  {token}")
+    typer.echo(f"saved:  {settings.credentials_path}")
+    env = {**os.environ, "LIBREYOLO_HOME": str(settings.home),
+           "LIBREYOLO_DATABASE_URL": settings.database_url,
+           "LIBREYOLO_BROKER_URL": settings.broker_url,
+           "LIBREYOLO_ARTIFACT_ROOT": str(settings.artifact_root)}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--host", host,
+                          "--port", str(port)], env=env, start_new_session=True),
+        subprocess.Popen(_worker_argv(gpus, cpu), env=env, start_new_session=True),
+    ]
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+    finally:
+        _shutdown(procs, settings.grace_s + 10)
+    codes = [p.returncode for p in procs]
+    raise typer.Exit(0 if stopping else next((c for c in codes if c), 1))
+
+
+def _shutdown(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()
+
+
+def main() -> None:
+    """Entry point of the ``libreyolo-service`` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Tables: users, tokens, jobs, job_events, artifacts, datasets.
+
+Times are UTC-aware datetimes (``*_at``); event times are unix seconds as the engine
+writes them. Tokens are stored as the sha256 hex of the token, never the token.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+ACTIVE = ("running", "cancelling")
+JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    """Current time, UTC-aware."""
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered id: ``<prefix><12 hex ms since epoch><12 random hex>`` (sorts by creation)."""
+    return f"{prefix}{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+class UTCDateTime(TypeDecorator):
+    """DateTime stored as naive UTC, returned UTC-aware (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime}
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("u"))
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("t"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_idem"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("j"))
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(200))
+    data: Mapped[str] = mapped_column(Text)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    procs: Mapped[int] = mapped_column(Integer, default=1)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    queue: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    events_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    log_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    time: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))  # log | metric | status | artifact
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "path", name="uq_artifacts_path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(String(1000))
+    kind: Mapped[str] = mapped_column(String(32))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("d"))
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(Text)  # the dataset yaml, absolute
+    source: Mapped[str] = mapped_column(String(16))  # upload | register
+    status: Mapped[str] = mapped_column(String(16), default="ready")
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

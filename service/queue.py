@@ -1,0 +1,57 @@
+"""The Celery app (the doorbell) and :func:`enqueue`.
+
+The database is the source of truth; a message only says "job X may be runnable". The
+API sends ``run_job(job_id)`` BY NAME, so the service never imports the worker. Queues:
+``cpu`` and ``gpu-1``, ``gpu-2``, ``gpu-4``, ``gpu-8`` (one per GPU count).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from service.settings import Settings
+
+__all__ = ["TASK_NAME", "QUEUES", "create_celery", "queue_for", "enqueue"]
+
+TASK_NAME = "run_job"
+QUEUES = ("cpu", "gpu-1", "gpu-2", "gpu-4", "gpu-8")
+
+
+def create_celery(settings: Settings) -> Celery:
+    """Build the Celery app from ``settings.broker_url``.
+
+    Early acknowledgement (``task_acks_late=False``) and prefetch 1: recovery of a dead
+    worker comes from the job lease and the reaper, never from broker redelivery (Redis
+    would redeliver an unacknowledged 3-hour job every ``visibility_timeout``).
+    """
+    app = Celery("libreyolo", broker=settings.broker_url, set_as_current=False)
+    options = dict(settings.broker_transport_options)
+    if settings.broker_url.startswith("sqla+sqlite"):
+        options.setdefault("connect_args", {"timeout": 30, "check_same_thread": False})
+    app.conf.update(
+        broker_transport_options=options,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=False,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        task_default_queue="cpu",
+        task_create_missing_queues=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        enable_utc=True,
+    )
+    return app
+
+
+def queue_for(gpus: int) -> str:
+    """Queue name of a job with ``gpus`` GPUs (0 = CPU job)."""
+    return "cpu" if gpus == 0 else f"gpu-{gpus}"
+
+
+def enqueue(app: Celery, job_id: str, queue: str, priority: int = 0) -> None:
+    """Send ``run_job(job_id)`` to ``queue`` by name. Call only after the job row commits."""
+    app.send_task(TASK_NAME, args=[job_id], queue=queue, priority=max(0, min(9, priority)),
+                  ignore_result=True)

@@ -1,0 +1,104 @@
+"""The reaper: recovers jobs whose worker died and re-sends lost queue messages.
+
+Runs on a timer in the API process (:func:`reaper_loop`); :func:`reap_once` is one pass
+and is what tests call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import anyio
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db.models import Job, utcnow
+from service.ops import transition
+from service.settings import Settings
+
+__all__ = ["reap_once", "reaper_loop"]
+
+log = logging.getLogger(__name__)
+
+#: send(job_id, queue, priority): puts run_job on the queue.
+Sender = Callable[[str, str, int], None]
+
+
+def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender) -> dict[str, int]:
+    """One reaper pass.
+
+    1. ``running``/``cancelling`` jobs whose lease expired (their worker died): a
+       cancelling one becomes ``cancelled``; a running one goes back to ``queued`` (the
+       next run resumes from ``run/weights/last.pt``) while ``attempt < max_attempts``,
+       else ``failed`` with the reason.
+    2. ``queued`` jobs sent more than ``resend_after_s`` ago are sent again (a broker
+       restarted empty loses messages; a duplicate is harmless: the claim is atomic).
+
+    Returns:
+        Counts ``{"requeued", "failed", "cancelled", "resent"}``.
+    """
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
+    now = utcnow()
+    to_send: list[tuple[str, str, int]] = []
+    with sessions() as session:
+        expired = session.execute(
+            select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
+                   Job.lease_expires_at)
+            .where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
+        ).all()
+        for job_id, status, attempt, max_attempts, queue, priority, lease_at in expired:
+            same_lease = [Job.lease_expires_at == lease_at]  # untouched since we read it
+            lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see runner
+            if status == "cancelling":
+                if transition(session, job_id, ["cancelling"], "cancelled", extra_where=same_lease,
+                              finished_at=now, event={"reason": "worker lost while cancelling"},
+                              **lost):
+                    counts["cancelled"] += 1
+            elif attempt < max_attempts:
+                reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
+                         f"of {max_attempts}, resuming from last.pt"
+                if transition(session, job_id, ["running"], "queued", extra_where=same_lease,
+                              enqueued_at=now, event={"reason": reason}, **lost):
+                    counts["requeued"] += 1
+                    to_send.append((job_id, queue, priority))
+            else:
+                reason = f"lease expired (worker lost) on attempt {attempt} of {max_attempts}"
+                if transition(session, job_id, ["running"], "failed", extra_where=same_lease,
+                              finished_at=now, error={"reason": reason, "exit_code": None},
+                              event={"reason": reason}, **lost):
+                    counts["failed"] += 1
+        stale = session.execute(
+            select(Job.id, Job.queue, Job.priority).where(
+                Job.status == "queued",
+                Job.enqueued_at < now - timedelta(seconds=settings.resend_after_s))
+        ).all()
+        for job_id, queue, priority in stale:
+            session.execute(update(Job).where(Job.id == job_id, Job.status == "queued")
+                            .values(enqueued_at=now))
+            to_send.append((job_id, queue, priority))
+            counts["resent"] += 1
+        session.commit()
+    for job_id, queue, priority in to_send:  # after commit: the row is queued when it arrives
+        try:
+            send(job_id, queue, priority)
+        except Exception:
+            log.exception("reaper: could not send job %s (will retry)", job_id)
+    if any(counts.values()):
+        log.info("reaper: %s", counts)
+    return counts
+
+
+async def reaper_loop(sessions: sessionmaker[Session], settings: Settings, send: Sender,
+                      stop: Any = None) -> None:
+    """Call :func:`reap_once` every ``reaper_interval_s`` (in a thread) until cancelled."""
+    while True:
+        t0 = time.monotonic()
+        try:
+            await anyio.to_thread.run_sync(reap_once, sessions, settings, send)
+        except Exception:
+            log.exception("reaper pass failed")
+        await anyio.sleep(max(0.0, settings.reaper_interval_s - (time.monotonic() - t0)))

@@ -1,0 +1,116 @@
+"""Service settings: one object, read from the environment (prefix ``LIBREYOLO_``).
+
+Nothing reads these at import time: build a :class:`Settings` and pass it to
+``create_app(settings)``, the Celery app factory and the worker. Every path default lives
+under ``home`` (``./.libreyolo`` by default), so the embedded mode needs nothing installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Configuration of the API, the workers and the reaper.
+
+    Environment variables are the field names upper-cased with the ``LIBREYOLO_`` prefix,
+    e.g. ``LIBREYOLO_DATABASE_URL``, ``LIBREYOLO_BROKER_URL``, ``LIBREYOLO_LEASE_S``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LIBREYOLO_", extra="ignore")
+
+    home: Path = Field(Path(".libreyolo"), description="state folder of the embedded mode")
+    database_url: str = Field(
+        "", description="SQLAlchemy URL; default sqlite:///<home>/libreyolo.db (WAL mode)"
+    )
+    broker_url: str = Field(
+        "", description="Celery broker; default kombu SQLAlchemy transport on <home>/broker.db; "
+        "redis://host:6379/0 in production"
+    )
+    broker_transport_options: dict = Field(
+        default_factory=dict, description="extra kombu transport options (JSON)"
+    )
+    artifact_root: Path | None = Field(None, description="job folders; default <home>/jobs")
+    upload_root: Path | None = Field(None, description="dataset uploads; default <home>/datasets")
+    credentials_path: Path = Field(
+        Path("~/.config/libreyolo/credentials"),
+        description="where `up` saves the admin token for the SDK (JSON, mode 600)",
+    )
+    require_token: bool = Field(
+        True, description="bearer token on every API route but health/ready/metrics; when "
+        "false, anonymous requests act as the built-in admin 'local'"
+    )
+    default_gpus: int = Field(0, ge=0, le=8, description="gpus of a job that does not say")
+    lease_s: float = Field(60.0, gt=0, description="job lease length; a silent worker loses it")
+    heartbeat_s: float = Field(10.0, gt=0, description="lease renewal interval of the runner")
+    poll_interval_s: float = Field(0.5, gt=0, description="runner: tail / cancel poll interval")
+    grace_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL grace period on cancel")
+    max_attempts: int = Field(3, ge=1, description="runs of one job (first + resumes)")
+    reaper_interval_s: float = Field(15.0, gt=0, description="reaper timer in the API process")
+    reaper_enabled: bool = Field(True, description="run the reaper in the API process")
+    resend_after_s: float = Field(
+        600.0, gt=0, description="re-send the message of a job queued this long (lost message)"
+    )
+    sse_poll_s: float = Field(0.25, gt=0, description="SSE: database poll interval")
+    sse_ping_s: float = Field(15.0, gt=0, description="SSE: keep-alive comment interval")
+    max_upload_bytes: int = Field(2 << 30, gt=0, description="dataset zip size cap")
+    max_uncompressed_bytes: int = Field(8 << 30, gt=0, description="dataset total inflated size cap")
+    max_compression_ratio: float = Field(200.0, gt=1, description="inflated/compressed cap per file")
+    check_data_paths: bool = Field(
+        True, description="reject a job whose data path does not exist on the API host"
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="allowed browser origins (comma-separated in env)"
+    )
+    engine_python: str = Field(sys.executable, description="python that runs the engine")
+    engine_command: list[str] | None = Field(
+        None, description="override the engine command (JSON list); '{spec}' is replaced by the "
+        "job.json path, '{nproc}' by the rank count. For tests and custom engines."
+    )
+    log_tail_lines: int = Field(40, ge=1, description="log lines kept in a failed job's error")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_origins(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("cors_origins"), str):
+            raw = data["cors_origins"]
+            data = {**data, "cors_origins": [o.strip() for o in raw.split(",") if o.strip()]}
+        return data
+
+    @model_validator(mode="after")
+    def _fill_paths(self) -> Settings:
+        home = self.home.expanduser()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{(home / 'libreyolo.db').resolve()}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{(home / 'broker.db').resolve()}"
+        if self.database_url.startswith("postgres://"):
+            self.database_url = "postgresql+psycopg://" + self.database_url[len("postgres://"):]
+        elif self.database_url.startswith("postgresql://"):
+            self.database_url = "postgresql+psycopg://" + self.database_url[len("postgresql://"):]
+        if self.artifact_root is None:
+            self.artifact_root = home / "jobs"
+        if self.upload_root is None:
+            self.upload_root = home / "datasets"
+        self.artifact_root = self.artifact_root.expanduser().resolve()
+        self.upload_root = self.upload_root.expanduser().resolve()
+        self.credentials_path = self.credentials_path.expanduser()
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError(f"heartbeat_s={self.heartbeat_s} must be shorter than "
+                             f"lease_s={self.lease_s} (the lease would lapse between beats)")
+        return self
+
+    def ensure_dirs(self) -> None:
+        """Create the state folders (home, artifacts, uploads, SQLite files' parents)."""
+        for url in (self.database_url, self.broker_url):
+            if "sqlite:///" in url:
+                Path(url.split("sqlite:///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+        self.artifact_root.mkdir(parents=True, exist_ok=True)
+        self.upload_root.mkdir(parents=True, exist_ok=True)

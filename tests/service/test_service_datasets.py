@@ -1,0 +1,83 @@
+"""Dataset zip uploads: safe extraction, caps, the engine's scan report."""
+
+from __future__ import annotations
+
+import io
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+from testkit import client, make_user
+
+from service.storage.zipsafe import UnsafeZipError, extract_zip
+
+
+@pytest.fixture
+def bob(server, sessions):
+    _, token = make_user(sessions)
+    with client(server.url, token) as c:
+        yield c
+
+
+def _zip(members: dict[str, bytes], symlink: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        if symlink:
+            info = zipfile.ZipInfo(symlink)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, "/etc/passwd")
+    return buf.getvalue()
+
+
+def _upload(c, body: bytes, name: str = "ds"):
+    return c.post("/v1/datasets", params={"name": name}, content=body,
+                  headers={"Content-Type": "application/zip"})
+
+
+@pytest.mark.parametrize("members, symlink, words", [
+    ({"../evil.txt": b"x", "data.yaml": b"a: 1"}, None, "contains '..'"),
+    ({"/abs/evil.txt": b"x"}, None, "absolute path"),
+    ({"data.yaml": b"a: 1"}, "images/link", "is a symlink"),
+    ({"bomb.bin": b"\0" * (24 << 20)}, None, "compression ratio"),
+    ({"readme.txt": b"no yaml"}, None, "no dataset yaml"),
+])
+def test_unsafe_zips_are_rejected_and_nothing_written(bob, server, members, symlink, words):
+    uploads = server.app.state.settings.upload_root
+    before = set(uploads.iterdir()) if uploads.exists() else set()
+    r = _upload(bob, _zip(members, symlink))
+    assert r.status_code == 422, r.text
+    assert words in r.json()["detail"] and r.json()["field"] == "body"
+    assert set(uploads.iterdir()) == before
+    assert not (uploads.parent / "evil.txt").exists() and not Path("/abs/evil.txt").exists()
+
+
+def test_not_a_zip(bob):
+    r = _upload(bob, b"hello")
+    assert r.status_code == 422 and "not a zip" in r.json()["detail"]
+
+
+def test_extract_counts_real_bytes(tmp_path):
+    data = _zip({"a.bin": b"1" * 5000, "b.bin": b"2" * 5000})
+    with zipfile.ZipFile(io.BytesIO(data)) as zf, pytest.raises(UnsafeZipError, match="more than"):
+        extract_zip(zf, tmp_path / "x", max_total_bytes=8000, max_ratio=1e9)
+    assert not (tmp_path / "x").exists()
+
+
+def test_upload_sample_dataset_scans_it(bob, tmp_path):
+    sample = pytest.importorskip("libreyolo_core.data.sample")
+    yaml_path = sample.generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    root = yaml_path.parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                zf.write(p, f"sample/{p.relative_to(root)}")
+    r = _upload(bob, buf.getvalue(), "sample")
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["path"].endswith("sample/data.yaml") and ds["source"] == "upload"
+    assert ds["report"]["exit_code"] == 0, ds["report"]
+    assert ds["status"] == "ready" and set(ds["report"]["splits"]) >= {"train", "val"}

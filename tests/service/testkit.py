@@ -1,0 +1,216 @@
+"""Shared test helpers for tests/service and tests/worker: databases, servers, fake engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+REPO = Path(__file__).resolve().parents[2]
+PG_ADMIN = os.environ.get("LIBREYOLO_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("LIBREYOLO_TEST_REDIS", "redis://127.0.0.1:6379/11")
+
+
+def pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN.replace("+psycopg", ""), connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def fresh_database(kind: str, tmp: Path) -> Iterator[str]:
+    """A new, migrated database: SQLite file under ``tmp`` or a new PostgreSQL database."""
+    from service.db.migrate import upgrade
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp / 'test.db'}"
+        upgrade(url)
+        yield url
+        return
+    import psycopg
+
+    name = f"lyt_{secrets.token_hex(6)}"
+    admin = PG_ADMIN.replace("+psycopg", "")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn serving ``app`` in a thread on a free port (a real HTTP server)."""
+
+    def __init__(self, app: Any, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def make_user(sessions: Any, name: str | None = None, admin: bool = False) -> tuple[str, str]:
+    """Create a user and token; returns (user name, token)."""
+    from service.ops import create_user_token
+
+    name = name or f"user-{secrets.token_hex(4)}"
+    with sessions() as s:
+        _, token = create_user_token(s, name=name, admin=admin)
+        s.commit()
+    return name, token
+
+
+def client(url: str, token: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1,
+             what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def write_data_yaml(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "images").mkdir(exist_ok=True)
+    path = folder / "data.yaml"
+    path.write_text("path: .\ntrain: images\nval: images\nnames: {0: thing}\n")
+    return path
+
+
+# A stand-in for `python -m libreyolo_core.cli train spec=...`: reads job.json, writes
+# events.jsonl and weights/last.pt under <project>/<name>, resumes from last.pt, and on
+# SIGTERM finishes the step, writes last.pt, records run_end interrupted and exits 143.
+# Knobs (params first, then env): fake_epoch_s / FAKE_EPOCH_S, fake_exit / FAKE_EXIT,
+# fake_ignore_term / FAKE_IGNORE_TERM, fake_steps / FAKE_STEPS.
+FAKE_ENGINE = r'''
+import json, os, signal, sys, time
+spec_path = sys.argv[1].split("=", 1)[1] if "=" in sys.argv[1] else sys.argv[1]
+spec = json.load(open(spec_path))
+p = spec["params"]
+def knob(name, default):
+    v = p.get(name, os.environ.get(name.upper(), default))
+    return type(default)(v)
+epochs = int(p.get("epochs", 3))
+epoch_s = knob("fake_epoch_s", 0.2)
+steps = knob("fake_steps", 4)
+fail = knob("fake_exit", 0)
+ignore = knob("fake_ignore_term", 0)
+run = os.path.join(spec["project"], spec["name"])
+os.makedirs(os.path.join(run, "weights"), exist_ok=True)
+ev = open(os.path.join(run, "events.jsonl"), "a")
+def emit(name, **kw):
+    ev.write(json.dumps({"event": name, "time": time.time(), **kw}) + "\n"); ev.flush()
+stop = {"term": False}
+def on_term(signum, frame):
+    stop["term"] = True
+signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else on_term)
+start = 1
+if spec.get("resume"):
+    start = json.load(open(spec["resume"]))["epoch"] + 1
+    print(f"resuming from {spec['resume']} at epoch {start}", flush=True)
+emit("run_start", config=p, run_dir=run, pid=os.getpid())
+print(f"fake engine pid={os.getpid()} epochs={epochs}", flush=True)
+if fail:
+    print("fatal: something broke in the data", flush=True)
+    emit("run_end", status="failed", best_epoch=None, metrics={}, error="data broke")
+    sys.exit(fail)
+def save(epoch):
+    tmp = os.path.join(run, "weights", "last.pt.tmp")
+    json.dump({"epoch": epoch}, open(tmp, "w")); os.replace(tmp, os.path.join(run, "weights", "last.pt"))
+    emit("artifact", path="weights/last.pt", kind="checkpoint")
+for epoch in range(start, epochs + 1):
+    emit("epoch_start", epoch=epoch, epochs=epochs)
+    for step in range(1, steps + 1):
+        time.sleep(epoch_s / steps)
+        emit("progress", epoch=epoch, epochs=epochs, step=step, steps=steps, eta_s=1.0,
+             img_per_s=10.0, losses={"box": 1.0 / epoch})
+        print(f"epoch {epoch} step {step}/{steps}", flush=True)
+        if stop["term"]:
+            save(epoch - 1)
+            emit("run_end", status="interrupted", best_epoch=epoch - 1, metrics={})
+            print("interrupted", flush=True)
+            sys.exit(143)
+    save(epoch)
+    m = {"mAP50": 0.1 * epoch, "mAP50-95": 0.05 * epoch, "precision": 0.5, "recall": 0.5}
+    emit("epoch_end", epoch=epoch, epochs=epochs, losses={"box": 1.0 / epoch}, metrics=m,
+         lr=0.01, epoch_time_s=epoch_s, fitness=0.05 * epoch, is_best=True)
+open(os.path.join(run, "results.csv"), "w").write("epoch,mAP50\n")
+open(os.path.join(run, "timeline.html"), "w").write("<html><script>1</script></html>")
+emit("artifact", path="results.csv", kind="results")
+emit("run_end", status="succeeded", best_epoch=epochs,
+     metrics={"mAP50": 0.1 * epochs, "mAP50-95": 0.05 * epochs})
+print("done", flush=True)
+'''
+
+
+def fake_engine(tmp: Path) -> list[str]:
+    """Write the fake engine script; returns the ``engine_command`` template."""
+    path = tmp / "fake_engine.py"
+    path.write_text(FAKE_ENGINE)
+    return [sys.executable, str(path), "spec={spec}"]
+
+
+def engine_lines(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

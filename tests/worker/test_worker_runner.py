@@ -1,0 +1,252 @@
+"""Runner and reaper with a fake engine script, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from testkit import engine_lines, make_user, pid_alive, wait_for
+
+from service.db.models import Artifact, Job, JobEvent, User, utcnow
+from service.ops import append_events, transition
+from service.reaper import reap_once
+from service.storage import ArtifactStore
+from worker.launch import build_command, build_env, job_spec
+from worker.runner import run_job
+
+
+def new_job(sessions, params=None, gpus=0, **over) -> str:
+    name, _ = make_user(sessions)
+    with sessions() as s:
+        owner = s.query(User).filter_by(name=name).one()
+        job = Job(owner_id=owner.id, kind="train", model="yolo9-t", data="/data/x.yaml",
+                  params=params or {"epochs": 3}, gpus=gpus, procs=1, priority=0, queue="cpu",
+                  status="queued", attempt=0, max_attempts=3, cancel_requested=False,
+                  event_seq=0, events_offset=0, log_offset=0, enqueued_at=utcnow(), **over)
+        s.add(job)
+        s.flush()
+        append_events(s, job.id, [("status", time.time(), {"event": "status",
+                                                            "status": "queued"})])
+        s.commit()
+        return job.id
+
+
+def job_row(sessions, job_id) -> Job:
+    with sessions() as s:
+        return s.get(Job, job_id)
+
+
+def events(sessions, job_id) -> list[JobEvent]:
+    with sessions() as s:
+        return list(s.query(JobEvent).filter_by(job_id=job_id).order_by(JobEvent.seq))
+
+
+def engine_events_in_db(evs) -> list[dict]:
+    return [e.payload for e in evs if e.kind != "log" and e.payload.get("event") != "status"]
+
+
+def test_launch_command_and_env(tmp_path):
+    from service.settings import Settings
+
+    s = Settings(home=tmp_path, engine_python="/py")
+    spec = tmp_path / "job.json"
+    assert build_command(spec, 1, s) == ["/py", "-m", "libreyolo_core.cli", "train",
+                                         f"spec={spec}"]
+    assert build_command(spec, 4, s) == [
+        "/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+        "-m", "libreyolo_core.cli", "train", f"spec={spec}"]
+    assert build_env(["2", "3", "5"], 2, {})["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert build_env(["0"], 0, {})["CUDA_VISIBLE_DEVICES"] == ""
+    spec_d = job_spec(kind="train", model="yolo9-t", data="/d.yaml", params={"epochs": 1},
+                      gpus=0, job_dir=tmp_path, resume=False)
+    assert spec_d == {"kind": "train", "model": "yolo9-t", "data": "/d.yaml",
+                      "params": {"epochs": 1, "device": "cpu"}, "project": str(tmp_path),
+                      "name": "run", "exist_ok": True, "resume": False}
+
+
+def test_run_job_succeeds_with_ordered_events_and_artifacts(settings, sessions):
+    job_id = new_job(sessions)
+    assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
+    job = job_row(sessions, job_id)
+    assert job.status == "succeeded" and job.attempt == 1 and job.lease_owner is None
+    assert job.result["best_epoch"] == 3 and job.result["metrics"]["mAP50"] == pytest.approx(0.3)
+    assert job.progress["epoch"] == 3
+    store = ArtifactStore(settings.artifact_root)
+    spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
+    assert spec["project"] == str(store.job_dir(job_id)) and spec["name"] == "run"
+    assert spec["resume"] is False and spec["params"]["device"] == "cpu"
+    evs = events(sessions, job_id)
+    assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
+    statuses = [e.payload["status"] for e in evs if e.payload.get("event") == "status"]
+    assert statuses == ["queued", "running", "succeeded"]
+    assert engine_events_in_db(evs) == engine_lines(store.run_dir(job_id))
+    logs = [ln for e in evs if e.kind == "log" for ln in e.payload["lines"]]
+    assert logs[-1] == "done" and "epoch 2 step 4/4" in logs
+    with sessions() as s:
+        arts = {a.path: a for a in s.query(Artifact).filter_by(job_id=job_id)}
+    assert {"weights/last.pt", "events.jsonl", "results.csv", "timeline.html"} <= set(arts)
+    assert arts["weights/last.pt"].kind == "checkpoint"
+    assert arts["timeline.html"].kind == "timeline"
+    for rel, a in arts.items():
+        data = (store.run_dir(job_id) / rel).read_bytes()
+        assert a.sha256 == hashlib.sha256(data).hexdigest() and a.size_bytes == len(data)
+
+
+def test_duplicate_delivery_runs_once(settings, sessions):
+    job_id = new_job(sessions, {"epochs": 1})
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(
+        run_job(job_id, settings=settings, sessions=sessions))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == ["skipped", "succeeded"]
+    assert job_row(sessions, job_id).attempt == 1
+    assert run_job(job_id, settings=settings, sessions=sessions) == "skipped"
+
+
+def _start(settings, sessions, job_id):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault(
+        "status", run_job(job_id, settings=settings, sessions=sessions)))
+    t.start()
+    wait_for(lambda: job_row(sessions, job_id).pid and any(
+        e.payload.get("event") == "progress" for e in events(sessions, job_id)),
+        what="the engine to report progress")
+    return t, out, job_row(sessions, job_id).pid
+
+
+@pytest.mark.parametrize("ignore_term", [0, 1])
+def test_cancel_running_job_kills_the_process_group(make_settings, db_url, ignore_term):
+    settings = make_settings(db_url, grace_s=1.0)
+    from service.db.session import make_engine, make_session_factory
+
+    sessions = make_session_factory(make_engine(db_url))
+    job_id = new_job(sessions, {"epochs": 50, "fake_epoch_s": 1.0,
+                                "fake_ignore_term": ignore_term})
+    t, out, pid = _start(settings, sessions, job_id)
+    assert pid_alive(pid)
+    t0 = time.monotonic()
+    with sessions() as s:
+        assert transition(s, job_id, ["running"], "cancelling", cancel_requested=True)
+        s.commit()
+    t.join(30)
+    assert out["status"] == "cancelled"
+    assert time.monotonic() - t0 < settings.grace_s + 3
+    assert not pid_alive(pid)
+    job = job_row(sessions, job_id)
+    assert job.status == "cancelled" and job.finished_at is not None
+    lines = engine_lines(ArtifactStore(settings.artifact_root).run_dir(job_id))
+    if not ignore_term:  # the engine stopped cleanly: last.pt and run_end interrupted
+        assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
+    assert engine_events_in_db(events(sessions, job_id)) == lines
+
+
+def test_engine_failure_records_exit_code_and_log_tail(settings, sessions):
+    job_id = new_job(sessions, {"epochs": 2, "fake_exit": 3})
+    assert run_job(job_id, settings=settings, sessions=sessions) == "failed"
+    job = job_row(sessions, job_id)
+    assert job.error["exit_code"] == 3 and job.error["reason"] == "data error"
+    assert "fatal: something broke in the data" in job.error["log_tail"]
+    assert job.error["engine_error"] == "data broke"
+
+
+def test_time_budget_stops_the_run(settings, sessions):
+    job_id = new_job(sessions, {"epochs": 50, "fake_epoch_s": 1.0}, time_budget_s=0.5)
+    assert run_job(job_id, settings=settings, sessions=sessions) == "failed"
+    assert "time budget" in job_row(sessions, job_id).error["reason"]
+
+
+def test_worker_shutdown_requeues_for_resume(settings, sessions):
+    job_id = new_job(sessions, {"epochs": 50, "fake_epoch_s": 0.4})
+    stop, sent, out = threading.Event(), [], {}
+    t = threading.Thread(target=lambda: out.setdefault("s", run_job(
+        job_id, settings=settings, sessions=sessions, stop=stop,
+        on_requeue=lambda *a: sent.append(a))))
+    t.start()
+    wait_for(lambda: any(e.payload.get("event") == "epoch_end" for e in events(sessions, job_id)))
+    stop.set()
+    t.join(30)
+    assert out["s"] == "queued" and sent == [(job_id, "cpu", 0)]
+    job = job_row(sessions, job_id)
+    assert job.status == "queued" and job.attempt == 1
+
+
+def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
+    """A worker died mid-run: its lease expires, the reaper re-queues, the next run
+    resumes from last.pt, and events the dead worker never copied are not lost."""
+    job_id = new_job(sessions, {"epochs": 3})
+    store = ArtifactStore(settings.artifact_root)
+    run = store.run_dir(job_id)
+    (run / "weights").mkdir(parents=True)
+    (run / "weights" / "last.pt").write_text(json.dumps({"epoch": 1}))
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"event": "run_start", "time": 1.0}, {"event": "epoch_end", "time": 2.0, "epoch": 1}]))
+    with sessions() as s:  # the dead worker claimed it long ago
+        transition(s, job_id, ["queued"], "running", attempt=1, lease_owner="dead:1",
+                   lease_expires_at=utcnow(), started_at=utcnow(), pid=999999)
+        s.commit()
+    sent = []
+    counts = reap_once(sessions, settings, lambda *a: sent.append(a))
+    assert counts["requeued"] == 1 and sent == [(job_id, "cpu", 0)]
+    assert job_row(sessions, job_id).status == "queued"
+    assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
+    job = job_row(sessions, job_id)
+    assert job.attempt == 2
+    spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
+    assert spec["resume"] == str(run / "weights" / "last.pt")
+    evs = events(sessions, job_id)
+    assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
+    assert engine_events_in_db(evs) == engine_lines(run)
+    ends = [e["epoch"] for e in engine_lines(run) if e["event"] == "epoch_end"]
+    assert ends == [1, 2, 3]
+    statuses = [e.payload["status"] for e in evs if e.payload.get("event") == "status"]
+    assert statuses == ["queued", "running", "queued", "running", "succeeded"]
+
+
+def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):
+    job_id = new_job(sessions)
+    with sessions() as s:
+        transition(s, job_id, ["queued"], "running", attempt=3, lease_owner="dead:1",
+                   lease_expires_at=utcnow())
+        s.commit()
+    lost = new_job(sessions)
+    with sessions() as s:
+        s.get(Job, lost).enqueued_at = utcnow().replace(year=2000)
+        s.commit()
+    sent = []
+    counts = reap_once(sessions, settings, lambda *a: sent.append(a))
+    assert counts["failed"] == 1 and counts["resent"] >= 1
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and "attempt 3 of 3" in job.error["reason"]
+    assert (lost, "cpu", 0) in sent
+    assert reap_once(sessions, settings, lambda *a: sent.append(a))["resent"] == 0
+
+
+def test_kill_leftovers_only_hits_the_job_dir(tmp_path):
+    import subprocess
+    import sys
+
+    from worker.runner import kill_leftovers
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=job_dir,
+                         start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             cwd=tmp_path, start_new_session=True)
+    try:
+        assert kill_leftovers(other.pid, job_dir) == 0
+        assert kill_leftovers(p.pid, job_dir) == 1
+        p.wait(10)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    assert Path(job_dir).exists() and os.getpid()

@@ -1,0 +1,452 @@
+"""Run one job: claim, prepare, launch, watch (tail, heartbeat, cancel), finish.
+
+The database is the source of truth. :func:`run_job` claims the row atomically
+(``queued -> running``, ``attempt += 1``, a lease); a duplicate message finds it claimed
+and returns. The engine runs as a subprocess in its own session (process group) so a
+cancel reaches every rank and loader worker; this process never imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.db.models import ACTIVE, Artifact, Job, utcnow
+from service.ops import EventIn, append_events, transition
+from service.settings import Settings
+from service.storage import ArtifactStore, artifact_kind, sha256_file
+from worker.launch import CommandBuilder, build_command, build_env, job_spec, world_size
+
+__all__ = ["run_job", "kill_leftovers", "EXIT_REASONS"]
+
+log = logging.getLogger(__name__)
+
+EXIT_REASONS = {
+    1: "runtime error", 2: "bad config", 3: "data error", 4: "model or checkpoint error",
+    143: "terminated (SIGTERM)",
+    -15: "terminated (SIGTERM)", -9: "killed (SIGKILL)", 137: "killed (SIGKILL)",
+}
+METRIC_EVENTS = {"epoch_start", "progress", "epoch_end", "profile"}
+MAX_LOG_LINES_PER_EVENT = 500
+MAX_READ_BYTES = 4 << 20
+
+
+def _pdeathsig() -> None:  # runs in the child after setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the worker (kill -9)
+    except OSError:
+        pass
+
+
+def _pgid_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def kill_leftovers(pgid: int | None, job_dir: Path) -> int:
+    """SIGKILL processes of an earlier attempt's group that still run in ``job_dir``.
+
+    Only processes whose working directory is inside ``job_dir`` are signalled, so a
+    reused pid never hits an unrelated process. Returns how many were signalled.
+    """
+    if not pgid or not Path("/proc").is_dir():
+        return 0
+    n, root = 0, job_dir.resolve()
+    for pid in _pgid_members(pgid):
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if cwd == root or root in cwd.parents:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                n += 1
+            except ProcessLookupError:
+                pass
+    return n
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Tail:
+    """Complete lines appended to a file since ``offset`` (offset in bytes)."""
+
+    def __init__(self, path: Path, offset: int):
+        self.path, self.offset = path, offset
+
+    def read(self) -> tuple[list[bytes], int]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(MAX_READ_BYTES)
+        except FileNotFoundError:
+            return [], self.offset
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) < MAX_READ_BYTES:
+                return [], self.offset
+            end = len(data) - 1  # a huge line without newline: take it as is
+        chunk = data[: end + 1]
+        return chunk.splitlines(), self.offset + len(chunk)
+
+
+def _event_kind(name: str) -> str:
+    if name == "artifact":
+        return "artifact"
+    if name in METRIC_EVENTS:
+        return "metric"
+    return "status"
+
+
+class _Run:
+    """State of one attempt of one job in this worker."""
+
+    def __init__(self, job: Job, *, settings: Settings, sessions: sessionmaker[Session],
+                 worker_id: str, store: ArtifactStore):
+        self.job_id, self.settings, self.sessions = job.id, settings, sessions
+        self.worker_id, self.store = worker_id, store
+        self.job_dir = store.job_dir(job.id)
+        self.run_dir = store.run_dir(job.id)
+        self.events = _Tail(self.run_dir / "events.jsonl", job.events_offset)
+        self.log = _Tail(store.log_path(job.id), job.log_offset)
+        self.progress: dict[str, Any] = dict(job.progress or {})
+        self.run_end: dict[str, Any] | None = None
+        self.profile: dict[str, Any] | None = None
+        self.artifact_kinds: dict[str, str] = {}
+        self.log_tail: list[str] = []
+
+    # -- database ---------------------------------------------------------------------
+    def _mine(self) -> list[Any]:
+        return [Job.lease_owner == self.worker_id, Job.status.in_(ACTIVE)]
+
+    def _lease(self) -> dict[str, Any]:
+        return {"lease_expires_at": utcnow() + timedelta(seconds=self.settings.lease_s)}
+
+    def heartbeat(self) -> tuple[str, bool] | None:
+        """Renew the lease; returns (status, cancel_requested), or None if the lease is lost."""
+        with self.sessions() as s:
+            row = s.execute(update(Job).where(Job.id == self.job_id, *self._mine())
+                            .values(**self._lease())
+                            .returning(Job.status, Job.cancel_requested)).first()
+            s.commit()
+        return None if row is None else (row[0], bool(row[1]))
+
+    def status(self) -> str | None:
+        """The job's status now (a read, for the cancel poll)."""
+        with self.sessions() as s:
+            return s.scalar(select(Job.status).where(Job.id == self.job_id))
+
+    def pump(self) -> bool | None:
+        """Move new engine events and log lines into job_events (one transaction).
+
+        Returns:
+            True if something was written, False if nothing new, None if the lease is lost.
+        """
+        lines, ev_off = self.events.read()
+        log_lines, log_off = self.log.read()
+        if not lines and not log_lines:
+            return False
+        batch: list[EventIn] = []
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+                if not isinstance(ev, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                ev = {"event": "bad_event_line", "line": raw.decode("utf-8", "replace")[:2000]}
+            name = str(ev.get("event", "unknown"))
+            self._observe(name, ev)
+            batch.append((_event_kind(name), float(ev.get("time") or time.time()), ev))
+        if log_lines:
+            text = [ln.decode("utf-8", "replace").rstrip("\r") for ln in log_lines]
+            self.log_tail = (self.log_tail + text)[-self.settings.log_tail_lines:]
+            now = time.time()
+            for i in range(0, len(text), MAX_LOG_LINES_PER_EVENT):
+                batch.append(("log", now, {"event": "log",
+                                           "lines": text[i:i + MAX_LOG_LINES_PER_EVENT]}))
+        with self.sessions() as s:
+            last = append_events(s, self.job_id, batch, where=self._mine(),
+                                 events_offset=ev_off, log_offset=log_off,
+                                 progress=self.progress or None, **self._lease())
+            s.commit()
+        if last is None:
+            return None
+        self.events.offset, self.log.offset = ev_off, log_off
+        return True
+
+    def _observe(self, name: str, ev: dict[str, Any]) -> None:
+        if name in ("progress", "epoch_start"):
+            for k in ("epoch", "epochs", "step", "steps", "eta_s", "img_per_s", "losses"):
+                if k in ev:
+                    self.progress[k] = ev[k]
+        elif name == "epoch_end":
+            for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
+                if k in ev:
+                    self.progress[k] = ev[k]
+            if ev.get("is_best"):
+                self.progress["best_epoch"] = ev.get("epoch")
+        elif name == "artifact" and isinstance(ev.get("path"), str):
+            self.artifact_kinds[ev["path"]] = str(ev.get("kind") or "other")
+        elif name == "run_end":
+            self.run_end = ev
+        elif name == "profile":
+            self.profile = ev
+
+    def record_pid(self, pid: int) -> None:
+        with self.sessions() as s:
+            s.execute(update(Job).where(Job.id == self.job_id, *self._mine())
+                      .values(pid=pid, host=socket.gethostname()))
+            s.commit()
+
+    def finish(self, status: str, *, result: dict[str, Any] | None,
+               error: dict[str, Any] | None, event: dict[str, Any]) -> bool:
+        """Record artifacts and the final status (only while this worker holds the lease)."""
+        artifacts = []
+        for rel, path in self.store.list_files(self.job_id):
+            try:
+                artifacts.append({"job_id": self.job_id, "path": rel,
+                                  "kind": self.artifact_kinds.get(rel) or artifact_kind(rel),
+                                  "size_bytes": path.stat().st_size, "sha256": sha256_file(path),
+                                  "created_at": utcnow()})
+            except OSError:
+                continue
+        with self.sessions() as s:
+            ok = transition(s, self.job_id, ACTIVE, status,
+                            extra_where=[Job.lease_owner == self.worker_id], event=event,
+                            finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
+                            result=result, error=error, progress=self.progress or None)
+            if ok:
+                s.execute(delete(Artifact).where(Artifact.job_id == self.job_id))
+                if artifacts:
+                    s.execute(insert(Artifact), artifacts)
+                s.commit()
+            else:
+                s.rollback()
+        return ok
+
+    def requeue(self, reason: str) -> bool:
+        """Give the job back (worker shutdown): ``running -> queued``; resumes from last.pt."""
+        with self.sessions() as s:
+            ok = transition(s, self.job_id, ["running"], "queued",
+                            extra_where=[Job.lease_owner == self.worker_id],
+                            event={"reason": reason}, lease_owner=None, lease_expires_at=None,
+                            enqueued_at=utcnow(), progress=self.progress or None)
+            s.commit()
+        return ok
+
+    def result_summary(self) -> dict[str, Any]:
+        end = self.run_end or {}
+        result: dict[str, Any] = {
+            "status": end.get("status"),
+            "best_epoch": end.get("best_epoch", self.progress.get("best_epoch")),
+            "metrics": end.get("metrics") or self.progress.get("metrics"),
+            "epochs_completed": self.progress.get("epoch"),
+        }
+        if self.profile is not None:
+            prof = {k: v for k, v in self.profile.items() if k not in ("event", "time")}
+            result["verdict"] = prof.get("verdict")
+            result["bound_why"] = prof.get("bound_why")
+            result["profile"] = prof
+        return result
+
+
+def _claim(sessions: sessionmaker[Session], job_id: str, worker_id: str,
+           lease_s: float) -> Job | None:
+    """Atomically take a queued job: ``running``, ``attempt += 1``, lease. None if taken."""
+    with sessions() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.status != "queued":
+            return None
+        now = utcnow()
+        ok = transition(
+            s, job_id, ["queued"], "running", extra_where=[Job.attempt == job.attempt],
+            event={"attempt": job.attempt + 1, "worker": worker_id},
+            attempt=Job.attempt + 1, lease_owner=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            started_at=func.coalesce(Job.started_at, now), cancel_requested=False,
+        )
+        s.commit()
+        if not ok:
+            return None
+        s.expire_all()
+        return s.get(Job, job_id)
+
+
+def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
+            gpu_ids: Sequence[str] | None = None, worker_id: str | None = None,
+            command: CommandBuilder = build_command, stop: threading.Event | None = None,
+            on_requeue: Any = None) -> str:
+    """Run job ``job_id`` to the end (the body of the ``run_job`` task).
+
+    Args:
+        settings: lease, heartbeat, poll, grace and artifact settings.
+        sessions: database session factory.
+        gpu_ids: GPUs this worker owns (``CUDA_VISIBLE_DEVICES`` takes the first ``gpus``).
+        worker_id: lease owner name; default ``<host>:<pid>:<thread>``.
+        command: builds the engine argv (injectable for tests).
+        stop: set when the worker shuts down: the engine is stopped (SIGTERM) and the job
+            re-queued to resume elsewhere.
+        on_requeue: ``f(job_id, queue, priority)`` sending the message after a re-queue.
+
+    Returns:
+        The final status, ``"skipped"`` (not queued: duplicate message, cancelled) or
+        ``"lost"`` (the lease was taken away, e.g. by the reaper).
+    """
+    worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    store = ArtifactStore(settings.artifact_root)
+    job = _claim(sessions, job_id, worker_id, settings.lease_s)
+    if job is None:
+        log.info("job %s is not queued; skipping (duplicate or cancelled)", job_id)
+        return "skipped"
+    run = _Run(job, settings=settings, sessions=sessions, worker_id=worker_id, store=store)
+    run.job_dir.mkdir(parents=True, exist_ok=True)
+    if job.attempt > 1 and job.pid:
+        n = kill_leftovers(job.pid, run.job_dir)
+        if n:
+            log.warning("job %s: killed %d leftover engine processes", job_id, n)
+    last_pt = run.run_dir / "weights" / "last.pt"
+    resume: str | bool = str(last_pt) if job.attempt > 1 and last_pt.is_file() else False
+    spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
+                    gpus=job.gpus, job_dir=run.job_dir, resume=resume)
+    spec_path = run.job_dir / "job.json"
+    tmp = spec_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(spec, indent=2))
+    os.replace(tmp, spec_path)
+    argv = command(spec_path, world_size(job.gpus, job.procs), settings)
+    env = build_env(gpu_ids, job.gpus)
+    log.info("job %s attempt %d: %s", job_id, job.attempt, " ".join(argv))
+    with open(store.log_path(job_id), "ab") as logf:
+        try:
+            proc = subprocess.Popen(argv, cwd=run.job_dir, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                    preexec_fn=_pdeathsig)
+        except OSError as exc:
+            run.finish("failed", result=None, error={"reason": f"could not start the engine: "
+                                                     f"{exc}", "exit_code": None},
+                       event={"reason": "launch failed"})
+            return "failed"
+    run.record_pid(proc.pid)
+    return _watch(run, proc, job, stop, on_requeue)
+
+
+def _watch(run: _Run, proc: subprocess.Popen, job: Job, stop: threading.Event | None,
+           on_requeue: Any) -> str:
+    settings = run.settings
+    started = time.monotonic()
+    next_beat = started + settings.heartbeat_s
+    term_at: float | None = None
+    term_reason: str | None = None
+    killed = lost = False
+
+    def terminate(reason: str) -> None:
+        nonlocal term_at, term_reason
+        if term_at is None:
+            log.info("job %s: SIGTERM to group %d (%s)", run.job_id, proc.pid, reason)
+            _signal_group(proc.pid, signal.SIGTERM)
+            term_at, term_reason = time.monotonic(), reason
+
+    while True:
+        rc = proc.poll()
+        wrote = run.pump()
+        now = time.monotonic()
+        if wrote is None:
+            lost = True
+        elif wrote or now >= next_beat:
+            beat = run.heartbeat()
+            next_beat = now + settings.heartbeat_s
+            if beat is None:
+                lost = True
+            elif beat[0] == "cancelling":
+                terminate("cancel")
+        elif run.status() == "cancelling":
+            terminate("cancel")
+        if lost:
+            log.warning("job %s: lease lost; stopping the engine", run.job_id)
+            terminate("lease lost")
+        if stop is not None and stop.is_set():
+            terminate("worker shutdown")
+        if job.time_budget_s and now - started > job.time_budget_s:
+            terminate("time budget")
+        if term_at is not None and not killed and now - term_at > settings.grace_s and rc is None:
+            log.warning("job %s: grace period over; SIGKILL to group %d", run.job_id, proc.pid)
+            _signal_group(proc.pid, signal.SIGKILL)
+            killed = True
+        if rc is not None:
+            break
+        time.sleep(settings.poll_interval_s)
+    _signal_group(proc.pid, signal.SIGKILL)  # loader workers or ranks left behind
+    if run.pump() is None:
+        lost = True
+    if lost:
+        return "lost"
+    if term_reason == "worker shutdown":
+        if run.requeue("worker shut down; re-queued to resume from last.pt"):
+            if on_requeue is not None:
+                try:
+                    on_requeue(run.job_id, job.queue, job.priority)
+                except Exception:
+                    log.exception("job %s: could not re-send (the reaper will)", run.job_id)
+            return "queued"
+    return _conclude(run, rc, term_reason, job)
+
+
+def _conclude(run: _Run, rc: int, term_reason: str | None, job: Job) -> str:
+    end_status = (run.run_end or {}).get("status")
+    result = run.result_summary()
+    reason = EXIT_REASONS.get(rc, f"exit code {rc}")
+    if term_reason in ("cancel", "worker shutdown"):
+        status, error = "cancelled", None
+        event = {"reason": "cancelled by request", "exit_code": rc}
+    elif term_reason == "time budget":
+        status = "failed"
+        error = {"reason": f"time budget of {job.time_budget_s:g} s exceeded", "exit_code": rc,
+                 "log_tail": run.log_tail}
+        event = {"reason": error["reason"], "exit_code": rc}
+    elif rc == 0 and end_status not in ("failed", "interrupted"):
+        status, error = "succeeded", None
+        event = {"exit_code": 0}
+    else:
+        status = "failed"
+        error = {"reason": reason, "exit_code": rc, "log_tail": run.log_tail}
+        if run.run_end and run.run_end.get("error"):
+            error["engine_error"] = run.run_end["error"]
+        event = {"reason": reason, "exit_code": rc}
+    if not run.finish(status, result=result, error=error, event=event):
+        return "lost"
+    log.info("job %s: %s (exit %s)", run.job_id, status, rc)
+    return status
+
+
+def read_job(sessions: sessionmaker[Session], job_id: str) -> Job | None:
+    """Fresh copy of a job row (helper for tasks and tests)."""
+    with sessions() as s:
+        return s.scalar(select(Job).where(Job.id == job_id))

@@ -1,0 +1,49 @@
+"""Registers ``run_job`` on the service's Celery app: a thin doorbell over the runner.
+
+``create_worker_app(settings)`` builds the app; ``python -m worker`` (what
+``libreyolo-service worker`` starts) runs it with the solo pool: one job at a time per
+worker process, prefetch 1, early ack (recovery is the lease's job, not redelivery).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from celery import Celery
+from celery.signals import worker_shutting_down
+
+from service.db.session import make_engine, make_session_factory
+from service.queue import TASK_NAME, create_celery, enqueue
+from service.settings import Settings
+from worker import runner
+
+__all__ = ["create_worker_app"]
+
+
+def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None) -> Celery:
+    """The Celery app with ``run_job(job_id)`` registered.
+
+    Args:
+        settings: service settings (database, broker, lease...).
+        gpu_ids: GPUs this worker owns; None or empty for a CPU worker.
+    """
+    app = create_celery(settings)
+    sessions = make_session_factory(make_engine(settings.database_url))
+    stop = threading.Event()
+
+    def resend(job_id: str, queue: str, priority: int) -> None:
+        enqueue(app, job_id, queue, priority)
+
+    @app.task(name=TASK_NAME, ignore_result=True)
+    def run_job(job_id: str) -> str:
+        """Run job ``job_id`` (re-read from the database; a duplicate message is a no-op)."""
+        return runner.run_job(job_id, settings=settings, sessions=sessions,
+                              gpu_ids=list(gpu_ids or []), stop=stop, on_requeue=resend)
+
+    def on_shutdown(**_: object) -> None:
+        stop.set()
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
+    app.libreyolo_stop = stop  # type: ignore[attr-defined]
+    return app
