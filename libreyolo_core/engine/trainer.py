@@ -10,6 +10,7 @@ SIGTERM handling meet. Families plug in through the registry protocol
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -47,6 +48,8 @@ from libreyolo_core.models.registry import load_family, parse_model_name
 __all__ = ["Trainer", "TrainingInterrupted", "NonFiniteLossError", "fitness"]
 
 log = logging.getLogger(__name__)
+
+_NULL = contextlib.nullcontext()
 
 #: Consecutive non-finite losses that stop a run.
 MAX_NONFINITE_STREAK = 10
@@ -101,6 +104,9 @@ class Trainer:
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.nonfinite_skipped = 0
+        self.profiler = None  # set in _setup only when cfg.profile
+        self.profile_summary: dict[str, Any] | None = None
+        self.profile_only = False
 
     # -- callbacks / signals ------------------------------------------------------------
     def _fire(self, event: str) -> None:
@@ -194,6 +200,17 @@ class Trainer:
         self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
         self.start_epoch = 0
 
+        if cfg.profile:
+            from libreyolo_core.profiler import TrainingProfiler
+
+            self.profiler = TrainingProfiler(
+                cfg, device=self.device, batch=self.batch, accumulate=self.accumulate,
+                steps_available=len(self.train_loader) * (cfg.epochs - (int(ckpt["epoch"]) + 1 if ckpt else 0)),
+                meta={"model": f"{self.spec.title}-{self.size}", "device": str(self.device),
+                      "batch": self.batch, "imgsz": cfg.imgsz, "amp": self.amp.enabled,
+                      "amp_dtype": self.amp.name, "workers": cfg.workers, "cuda_graph": cfg.cuda_graph,
+                      "world_size": 1, "torch": torch.__version__},
+            )
         if ckpt is not None:
             self._load_resume(ckpt)
             self.run_dir = self._resume_path.parent.parent
@@ -320,6 +337,8 @@ class Trainer:
             t0 = time.perf_counter()
             losses, lr = self._train_epoch(epoch)
             if self.stop_requested:
+                if self.profile_only:  # the truncated epoch is neither validated nor saved
+                    return "succeeded"
                 self._save(epoch - 1, is_best=False)
                 raise TrainingInterrupted(self.stop_reason)
             epoch_time = time.perf_counter() - t0
@@ -384,18 +403,24 @@ class Trainer:
         images_seen = 0
         progress = self._progress(epoch, nb)
         self.optimizer.zero_grad(set_to_none=True)
-        for i, batch in enumerate(loader):
+        prof = self.profiler  # None unless profiling: then the loop below takes no detour
+        batches = prof.wrap_loader(loader) if prof is not None else loader
+        for i, batch in enumerate(batches):
             step = epoch * self.steps_per_epoch + i // self.accumulate
             window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
-            window = self.accumulate if (i // self.accumulate + 1) * self.accumulate <= nb else nb % self.accumulate
             if i % self.accumulate == 0:
                 lr = self.schedule.apply(self.optimizer, step)
-            imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
-            targets = batch.targets.to(device, non_blocking=True)
-            with amp.autocast():
+            with prof.phase("to_device") if prof is not None else _NULL:
+                imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
+                targets = batch.targets.to(device, non_blocking=True)
+            with prof.phase("forward") if prof is not None else _NULL, amp.autocast():
                 outputs = model(imgs)
                 loss, items = self.loss_fn(outputs, targets, imgs.shape[0])
-            amp.scaler.scale(loss / window).backward()
+            # Summed over the images of the micro-batch (Ultralytics' and YOLOv9's trainers do
+            # the same): the lr0 = 0.01 SGD recipes assume it. Micro-batches of an
+            # accumulation window add up, so the window acts as one batch of nbs images.
+            with prof.phase("backward") if prof is not None else _NULL:
+                amp.scaler.scale(loss * imgs.shape[0]).backward()
             values = torch.cat([loss.detach().float().reshape(1), items.float()]).tolist()
             finite = all(math.isfinite(v) for v in values)
             if not finite:
@@ -415,8 +440,13 @@ class Trainer:
             sums += torch.tensor(values[1:], dtype=torch.float64)
             counted += 1
             if window_end:
-                self._optimizer_step()
+                self._optimizer_step(prof)
             images_seen += imgs.shape[0]
+            if prof is not None and prof.step_end():
+                self._finish_profile()
+                prof = None
+                if self.stop_requested:
+                    break
             if progress is not None or (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
                 elapsed = time.perf_counter() - t_start
                 ips = images_seen / max(elapsed, 1e-9)
@@ -439,16 +469,32 @@ class Trainer:
         mean = {n: float(s / max(counted, 1)) for n, s in zip(self.item_names, sums, strict=True)}
         return mean, lr
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, prof=None) -> None:
         scaler = self.amp.scaler
-        if self.cfg.clip_max_norm:
-            scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_max_norm, foreach=True)
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        with prof.phase("optimizer") if prof is not None else _NULL:
+            if self.cfg.clip_max_norm:
+                scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_max_norm,
+                                               foreach=True)
+            scaler.step(self.optimizer)
+            scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            self.ema.update(self.model)
+            with prof.phase("ema") if prof is not None else _NULL:
+                self.ema.update(self.model)
+
+    def _finish_profile(self) -> None:
+        """The profile window is over: write its artifacts, drop every hook, go on (or stop)."""
+        prof, self.profiler = self.profiler, None
+        summary = prof.finish(self.run_dir)
+        for path, kind in summary.get("artifacts", {}).items():
+            self.events.emit("artifact", path=path, kind=kind)
+        self.events.emit("profile", **{k: v for k, v in summary.items() if k != "artifacts"})
+        self.profile_summary = summary
+        if self.cfg.profile_then_stop:
+            log.info("profile-only run: stopping after the profile window")
+            self.profile_only = True
+            self.request_stop("profile_then_stop")
 
     def _validate(self) -> dict[str, float]:
         net = self.ema.module if self.ema is not None else unwrap(self.model)
@@ -488,4 +534,5 @@ class Trainer:
             "best_checkpoint": str(self.run_dir / "weights" / "best.pt"),
             "last_checkpoint": str(self.run_dir / "weights" / "last.pt"),
             "nonfinite_skipped": self.nonfinite_skipped,
+            **({"profile": self.profile_summary} if self.profile_summary else {}),
         }
