@@ -1,0 +1,323 @@
+"""Geometric and photometric augmentation on numpy images with pixel ``xyxy`` boxes.
+
+Conventions for every function here:
+
+- images are ``np.ndarray`` uint8 ``(H, W, 3)`` RGB (any 3-channel order works);
+- labels are float32 ``(n, 5)`` rows ``[cls, x1, y1, x2, y2]`` in pixels of that image,
+  continuous coordinates (pixel ``i`` spans ``[i, i + 1)``);
+- randomness comes only from the ``np.random.Generator`` passed in.
+
+Algorithms follow Ultralytics YOLOv5/v8 ``RandomPerspective``/``Mosaic``/``MixUp`` and
+YOLOX ``augment_hsv`` (sources: ultralytics/data/augment.py, YOLOX yolox/data/data_augment.py),
+re-implemented with cv2 for speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+__all__ = [
+    "PAD_VALUE",
+    "augment_hsv",
+    "box_candidates",
+    "fliplr",
+    "flipud",
+    "letterbox",
+    "mixup",
+    "mosaic4",
+    "random_affine",
+    "resize_longest",
+]
+
+#: Grey used for padding and empty canvas areas (YOLO convention).
+PAD_VALUE = 114
+
+
+def _empty_labels() -> np.ndarray:
+    return np.zeros((0, 5), np.float32)
+
+
+def resize_longest(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize so the longest side is ``size`` pixels, keeping the aspect ratio.
+
+    ``cv2.INTER_AREA`` when shrinking, ``cv2.INTER_LINEAR`` when growing. New sides are
+    ``round(side * size / max(h, w))`` (at least 1). Boxes scale by ``new_w / w`` and
+    ``new_h / h`` exactly (cv2 resizes are pixel-area aligned).
+    """
+    h, w = img.shape[:2]
+    r = size / max(h, w)
+    if r == 1.0:
+        return img
+    nw, nh = max(1, round(w * r)), max(1, round(h * r))
+    interp = cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR
+    return cv2.resize(img, (nw, nh), interpolation=interp)
+
+
+def letterbox(
+    img: np.ndarray,
+    size: int,
+    labels: np.ndarray | None = None,
+    pad_value: int = PAD_VALUE,
+) -> tuple[np.ndarray, np.ndarray | None, float, tuple[int, int]]:
+    """Resize the longest side to ``size`` (aspect kept) and pad to ``size x size``, centred.
+
+    Args:
+        img: ``(h, w, 3)`` uint8.
+        size: output side ``S`` in pixels.
+        labels: optional ``(n, 5)`` ``[cls, x1, y1, x2, y2]`` pixels of ``img``.
+        pad_value: fill of the padding.
+
+    Returns:
+        ``(out, labels_out, ratio, (left, top))``: ``out`` is ``(S, S, 3)`` uint8;
+        ``labels_out`` are boxes in ``out`` pixels (``None`` if no labels given);
+        ``ratio = S / max(h, w)``; ``left``/``top`` are the padding in pixels, so an output
+        point maps back as ``x0 = (x - left) / ratio``.
+    """
+    h, w = img.shape[:2]
+    resized = resize_longest(img, size)
+    nh, nw = resized.shape[:2]
+    left, top = (size - nw) // 2, (size - nh) // 2
+    out = cv2.copyMakeBorder(
+        resized,
+        top,
+        size - nh - top,
+        left,
+        size - nw - left,
+        cv2.BORDER_CONSTANT,
+        value=(pad_value, pad_value, pad_value),
+    )
+    if labels is not None:
+        labels = labels.astype(np.float32, copy=True)
+        labels[:, [1, 3]] = labels[:, [1, 3]] * (nw / w) + left
+        labels[:, [2, 4]] = labels[:, [2, 4]] * (nh / h) + top
+    return out, labels, size / max(h, w), (left, top)
+
+
+def mosaic4(
+    images: list[np.ndarray],
+    labels: list[np.ndarray],
+    size: int,
+    rng: np.random.Generator,
+    pad_value: int = PAD_VALUE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Four images on a ``2S x 2S`` canvas around a random centre (YOLO mosaic).
+
+    The centre ``(xc, yc)`` is uniform in ``[0.5 S, 1.5 S)``; image 0 fills the top-left
+    quadrant ending at the centre, 1 the top-right, 2 the bottom-left, 3 the bottom-right,
+    each cropped where it would leave the canvas. Boxes are shifted and clipped to the part
+    of their tile that is visible (not just to the canvas), boxes with no area left are
+    dropped. Follow with :func:`random_affine` (``out_size=S``) to get an ``S x S`` sample.
+
+    Args:
+        images: four ``(h_i, w_i, 3)`` uint8 images, each side <= ``S`` (resized already).
+        labels: four ``(n_i, 5)`` ``[cls, x1, y1, x2, y2]`` pixel arrays.
+        size: ``S``.
+        rng: random generator.
+
+    Returns:
+        ``(canvas (2S, 2S, 3) uint8, labels (n, 5) float32 in canvas pixels)``.
+    """
+    if len(images) != 4 or len(labels) != 4:
+        raise ValueError(f"mosaic4 needs 4 images and 4 label arrays, got {len(images)}")
+    s = size
+    canvas = np.full((2 * s, 2 * s, 3), pad_value, dtype=np.uint8)
+    xc, yc = (int(v) for v in rng.uniform(0.5 * s, 1.5 * s, size=2))
+    out = []
+    for i, (img, lab) in enumerate(zip(images, labels, strict=True)):
+        h, w = img.shape[:2]
+        if i == 0:  # top-left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+        elif i == 1:  # top-right
+            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+            x1b, y1b = 0, h - (y2a - y1a)
+        elif i == 2:  # bottom-left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+            x1b, y1b = w - (x2a - x1a), 0
+        else:  # bottom-right
+            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+            x1b, y1b = 0, 0
+        canvas[y1a:y2a, x1a:x2a] = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
+        if len(lab):
+            lab = lab.astype(np.float32, copy=True)
+            lab[:, [1, 3]] = np.clip(lab[:, [1, 3]] + (x1a - x1b), x1a, x2a)
+            lab[:, [2, 4]] = np.clip(lab[:, [2, 4]] + (y1a - y1b), y1a, y2a)
+            keep = (lab[:, 3] > lab[:, 1]) & (lab[:, 4] > lab[:, 2])
+            out.append(lab[keep])
+    return canvas, (np.concatenate(out, 0) if out else _empty_labels())
+
+
+def box_candidates(
+    before: np.ndarray,
+    after: np.ndarray,
+    wh_thr: float = 2.0,
+    ar_thr: float = 20.0,
+    area_thr: float = 0.1,
+    eps: float = 1e-16,
+) -> np.ndarray:
+    """Which boxes survive a warp (Ultralytics ``box_candidates``).
+
+    Args:
+        before: ``(n, 4)`` xyxy boxes before the warp, already multiplied by the warp's scale.
+        after: ``(n, 4)`` xyxy boxes after the warp and clipping.
+        wh_thr: minimum width and height in pixels (strictly greater).
+        ar_thr: maximum aspect ratio ``max(w/h, h/w)`` (strictly less).
+        area_thr: minimum ``area_after / area_before`` (strictly greater).
+
+    Returns:
+        bool mask ``(n,)``.
+    """
+    w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
+    w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
+    ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
+
+
+def random_affine(
+    img: np.ndarray,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    out_size: int,
+    degrees: float = 0.0,
+    translate: float = 0.0,
+    scale: tuple[float, float] = (1.0, 1.0),
+    shear: float = 0.0,
+    perspective: float = 0.0,
+    pad_value: int = PAD_VALUE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random rotation/scale/shear/translation/perspective; input centre -> output centre.
+
+    ``M = T @ S @ R @ P @ C`` (Ultralytics ``RandomPerspective``): ``C`` moves the input
+    centre to the origin, ``P`` perspective ``+-perspective``, ``R`` rotation
+    ``+-degrees`` and scale ``U(scale)``, ``S`` shear ``+-shear`` degrees on both axes,
+    ``T`` moves to the output centre ``+- translate * out_size``. Used on the ``2S``
+    mosaic canvas with ``out_size = S`` (the canvas centre becomes the sample centre).
+
+    Boxes become the bounding box of their four transformed corners, clipped to the output;
+    boxes with width or height <= 2 px, area < 10 % of the (scaled) original, or aspect
+    > 20 are dropped (:func:`box_candidates`).
+
+    Args:
+        img: ``(h, w, 3)`` uint8.
+        labels: ``(n, 5)`` ``[cls, x1, y1, x2, y2]`` pixels of ``img``.
+        rng: random generator.
+        out_size: output side ``S``.
+        degrees, translate, scale, shear, perspective: ranges as described above.
+
+    Returns:
+        ``(out (S, S, 3) uint8, labels (m, 5) float32 in output pixels)``, ``m <= n``.
+    """
+    h, w = img.shape[:2]
+    c = np.eye(3)
+    c[0, 2], c[1, 2] = -w / 2, -h / 2
+    p = np.eye(3)
+    p[2, 0], p[2, 1] = rng.uniform(-perspective, perspective, size=2)
+    r = np.eye(3)
+    angle = rng.uniform(-degrees, degrees)
+    s = rng.uniform(scale[0], scale[1])
+    r[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=s)
+    sh = np.eye(3)
+    sh[0, 1], sh[1, 0] = (math.tan(math.radians(a)) for a in rng.uniform(-shear, shear, size=2))
+    t = np.eye(3)
+    t[0, 2], t[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate, size=2) * out_size
+    m = t @ sh @ r @ p @ c
+
+    border = (pad_value, pad_value, pad_value)
+    if perspective:
+        out = cv2.warpPerspective(img, m, dsize=(out_size, out_size), borderValue=border)
+    else:
+        out = cv2.warpAffine(img, m[:2], dsize=(out_size, out_size), borderValue=border)
+    if len(labels) == 0:
+        return out, _empty_labels()
+
+    # cv2 maps pixel-centre indices; boxes are corner-based: shift by half a pixel around M.
+    half = np.eye(3)
+    half[:2, 2] = 0.5
+    unhalf = np.eye(3)
+    unhalf[:2, 2] = -0.5
+    mb = half @ m @ unhalf
+    n = len(labels)
+    xy = np.ones((n * 4, 3))
+    xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # 4 corners per box
+    xy = xy @ mb.T
+    xy = xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]
+    xs, ys = xy[:, 0].reshape(n, 4), xy[:, 1].reshape(n, 4)
+    new = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1)
+    new = np.clip(new, 0, out_size)
+    keep = box_candidates(labels[:, 1:5] * s, new)
+    result = np.concatenate([labels[keep, :1], new[keep]], 1).astype(np.float32)
+    return out, result
+
+
+def augment_hsv(
+    img: np.ndarray,
+    rng: np.random.Generator,
+    hgain: float = 5.0,
+    sgain: float = 30.0,
+    vgain: float = 30.0,
+    channel_prob: float = 0.5,
+) -> np.ndarray:
+    """Random hue/saturation/value shift in OpenCV units (YOLOX ``augment_hsv``).
+
+    Each of H, S, V is shifted (with probability ``channel_prob`` each) by an integer offset
+    uniform in ``+-gain``: hue in OpenCV's 0..179 scale (wraps around), saturation and value
+    in 0..255 (clipped). Implemented with per-channel lookup tables.
+
+    Args:
+        img: ``(H, W, 3)`` uint8 RGB.
+
+    Returns:
+        A new ``(H, W, 3)`` uint8 RGB image (``img`` itself when no channel changes).
+    """
+    gains = np.array([hgain, sgain, vgain], dtype=np.float64)
+    deltas = rng.uniform(-1, 1, 3) * gains * (rng.random(3) < channel_prob)
+    dh, ds, dv = (int(round(d)) for d in deltas)
+    if dh == 0 and ds == 0 and dv == 0:
+        return img
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
+    x = np.arange(256, dtype=np.int16)
+    lut_h = ((x + dh) % 180).astype(np.uint8)
+    lut_s = np.clip(x + ds, 0, 255).astype(np.uint8)
+    lut_v = np.clip(x + dv, 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def fliplr(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror left-right. Box ``[x1, x2] -> [W - x2, W - x1]``."""
+    w = img.shape[1]
+    labels = labels.astype(np.float32, copy=True)
+    labels[:, [1, 3]] = w - labels[:, [3, 1]]
+    return cv2.flip(img, 1), labels
+
+
+def flipud(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror top-bottom. Box ``[y1, y2] -> [H - y2, H - y1]``."""
+    h = img.shape[0]
+    labels = labels.astype(np.float32, copy=True)
+    labels[:, [2, 4]] = h - labels[:, [4, 2]]
+    return cv2.flip(img, 0), labels
+
+
+def mixup(
+    img1: np.ndarray,
+    labels1: np.ndarray,
+    img2: np.ndarray,
+    labels2: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blend two same-size images with ratio ``r ~ Beta(32, 32)`` and KEEP both label sets.
+
+    (Zhang et al., "mixup", 2018; YOLO practice.) ``out = r * img1 + (1 - r) * img2``.
+
+    Returns:
+        ``(out uint8 same shape, labels concat (n1 + n2, 5))``.
+    """
+    if img1.shape != img2.shape:
+        raise ValueError(f"mixup needs equal shapes, got {img1.shape} and {img2.shape}")
+    r = float(rng.beta(32.0, 32.0))
+    out = cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0)
+    return out, np.concatenate([labels1, labels2], 0).astype(np.float32)

@@ -1,0 +1,374 @@
+"""``YOLODataset``: images + boxes -> fixed-size uint8 samples, with YOLO augmentation.
+
+``dataset[i] -> (image, labels, meta)``:
+
+- ``image``: ``torch.uint8 (3, S, S)`` RGB, contiguous;
+- ``labels``: ``torch.float32 (n, 5)`` ``[cls, x1, y1, x2, y2]`` in pixels of the ``S x S``
+  canvas;
+- ``meta``: ``{"path": str, "orig_shape": (h0, w0), "ratio": float, "pad": (left, top),
+  "mosaic": bool}``; ``ratio``/``pad`` are the letterbox geometry (a canvas point maps to
+  the original image as ``x0 = (x - left) / ratio``) and are exact for non-augmented
+  samples; ``mosaic`` says whether this sample is a mosaic.
+
+Without augmentation a sample is the image resized (longest side ``S``) and letterboxed
+(centred, pad 114). With augmentation (training): mosaic of 4 images + random affine
+(probability ``hyp["mosaic"]``) or letterbox, then mixup (``hyp["mixup"]``, keeps both
+label sets), HSV jitter, vertical and horizontal flips. Family-specific normalisation
+(RGB/255, BGR) happens on the device in the family's ``preprocess``, not here.
+
+Determinism: the randomness of sample ``i`` is ``np.random.default_rng([seed, rank, epoch,
+i])``, so loader workers, resumed runs and DDP ranks produce identical samples regardless
+of worker count or order. ``epoch`` and the mosaic switch live in a shared-memory tensor:
+``set_epoch(e)`` / ``close_mosaic()`` in the main process are seen by persistent loader
+workers (set them BEFORE creating the epoch's iterator, i.e. before ``iter(loader)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from libreyolo_core.data import augment as A
+from libreyolo_core.data.image import load_image
+from libreyolo_core.data.scan import DatasetWarning, ImageRecord, ScanReport, writable_dir
+
+__all__ = ["DEFAULT_HYP", "YOLODataset", "resolve_hyp"]
+
+logger = logging.getLogger(__name__)
+
+#: Augmentation defaults = ``TrainConfig`` base defaults (LibreYOLO/YOLOX recipe).
+DEFAULT_HYP: dict[str, Any] = {
+    "mosaic": 1.0,
+    "mixup": 1.0,
+    "hsv_prob": 1.0,
+    "hsv_h": 5.0,
+    "hsv_s": 30.0,
+    "hsv_v": 30.0,
+    "degrees": 10.0,
+    "translate": 0.1,
+    "scale": (0.1, 2.0),
+    "shear": 2.0,
+    "perspective": 0.0,
+    "fliplr": 0.5,
+    "flipud": 0.0,
+}
+_PROBS = ("mosaic", "mixup", "hsv_prob", "fliplr", "flipud")
+#: Boxes narrower or lower than this (pixels) are dropped from augmented samples.
+MIN_BOX_SIDE = 1.0
+
+CacheMode = Literal[False, "ram", "disk"]
+
+
+def resolve_hyp(hyp: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge ``hyp`` over :data:`DEFAULT_HYP`, validating the keys this module uses.
+
+    Unknown keys (e.g. the rest of a ``TrainConfig`` dump, ``mixup_scale``) are ignored.
+    ``scale`` may be ``(lo, hi)`` or a number ``s`` meaning ``(1 - s, 1 + s)``.
+
+    Raises:
+        ValueError: a probability outside [0, 1], a negative gain, or a bad ``scale``.
+    """
+    out = dict(DEFAULT_HYP)
+    for k in DEFAULT_HYP:
+        if hyp is not None and k in hyp and hyp[k] is not None:
+            out[k] = hyp[k]
+    for k in _PROBS:
+        out[k] = float(out[k])
+        if not 0.0 <= out[k] <= 1.0:
+            raise ValueError(f"hyp[{k!r}]={out[k]} must be a probability in [0, 1]")
+    for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "shear", "perspective"):
+        out[k] = float(out[k])
+        if out[k] < 0:
+            raise ValueError(f"hyp[{k!r}]={out[k]} must be >= 0")
+    sc = out["scale"]
+    if isinstance(sc, int | float):
+        sc = (1.0 - float(sc), 1.0 + float(sc))
+    try:
+        lo, hi = (float(v) for v in sc)
+    except (TypeError, ValueError):
+        raise ValueError(f"hyp['scale']={sc!r} must be (lo, hi) or a number") from None
+    if not 0 < lo <= hi:
+        raise ValueError(f"hyp['scale']=({lo}, {hi}) must satisfy 0 < lo <= hi")
+    out["scale"] = (lo, hi)
+    return out
+
+
+class YOLODataset(Dataset):
+    """YOLO detection dataset over scanned records (see module docstring for the sample).
+
+    Args:
+        records_or_report: a :class:`ScanReport` (from ``scan_images``) or a sequence of
+            :class:`ImageRecord`.
+        imgsz: output side ``S`` in pixels.
+        augment: training augmentation on/off (off = letterbox only, for validation).
+        hyp: augmentation hyperparameters, names as in ``TrainConfig``: ``mosaic``,
+            ``mixup``, ``hsv_prob``, ``fliplr``, ``flipud`` (probabilities), ``hsv_h``,
+            ``hsv_s``, ``hsv_v`` (OpenCV units), ``degrees``, ``translate``, ``scale``
+            ``(lo, hi)``, ``shear`` (degrees), ``perspective``. Missing keys take
+            :data:`DEFAULT_HYP`; ``mixup_scale`` and unknown keys are ignored.
+        cache: ``False``; ``"ram"`` (images decoded and resized once at construction, kept in
+            this process — forked loader workers share them copy-on-write); ``"disk"``
+            (``<image>.<S>.npy`` next to each image, written on first use, reused while newer
+            than the image; a read-only folder disables it with one warning).
+        seed, rank: part of every sample's random seed (see module docstring).
+
+    Raises:
+        ValueError: empty records, ``imgsz < 32``, bad ``cache`` or ``hyp`` values.
+    """
+
+    def __init__(
+        self,
+        records_or_report: ScanReport | Sequence[ImageRecord],
+        imgsz: int,
+        augment: bool,
+        hyp: Mapping[str, Any] | None = None,
+        cache: CacheMode | bool | str | None = False,
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
+        if isinstance(records_or_report, ScanReport):
+            self.records = list(records_or_report.records)
+            self.names: dict[int, str] | None = dict(records_or_report.names)
+        else:
+            self.records = list(records_or_report)
+            self.names = None
+        if not self.records:
+            raise ValueError("YOLODataset needs at least one image record")
+        if int(imgsz) < 32:
+            raise ValueError(f"imgsz={imgsz} must be >= 32")
+        if seed < 0 or rank < 0:
+            raise ValueError(f"seed={seed} and rank={rank} must be >= 0")
+        self.imgsz = int(imgsz)
+        self.augment = bool(augment)
+        self.hyp = resolve_hyp(hyp)
+        self.seed, self.rank = int(seed), int(rank)
+        # [epoch, mosaic_closed]; shared memory so persistent workers see updates.
+        self._state = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.cache = _parse_cache(cache)
+        self._ram: list[np.ndarray] | None = None
+        if self.cache == "disk" and not self._disk_writable():
+            self.cache = False
+        if self.cache == "ram":
+            self._fill_ram_cache()
+
+    # ------------------------------------------------------------------ state
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch used in the per-sample seed (call before iterating the epoch)."""
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0")
+        self._state[0] = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """Current epoch (as set by :meth:`set_epoch`)."""
+        return int(self._state[0])
+
+    def close_mosaic(self) -> None:
+        """Turn mosaic AND mixup off for the rest of training (the last ``no_aug_epochs``)."""
+        self._state[1] = 1
+
+    @property
+    def mosaic_enabled(self) -> bool:
+        """False after :meth:`close_mosaic`."""
+        return int(self._state[1]) == 0
+
+    # ------------------------------------------------------------------ loading
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _target_hw(self, i: int) -> tuple[int, int]:
+        h0, w0 = self.records[i].shape
+        r = self.imgsz / max(h0, w0)
+        return max(1, round(h0 * r)), max(1, round(w0 * r))
+
+    def _decode_resized(self, i: int) -> np.ndarray:
+        rec = self.records[i]
+        img = load_image(rec.im_file, max_side=self.imgsz)
+        h, w = self._target_hw(i)
+        if img.shape[:2] != (h, w):
+            shrink = h * w < img.shape[0] * img.shape[1]
+            interp = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+            img = cv2.resize(img, (w, h), interpolation=interp)
+        return img
+
+    def load_image(self, i: int) -> np.ndarray:
+        """Image ``i`` resized so its longest side is ``S``: uint8 ``(h, w, 3)`` RGB.
+
+        INTER_AREA when shrinking, INTER_LINEAR when growing; served from the cache if on.
+        """
+        if self._ram is not None:
+            return self._ram[i]
+        if self.cache == "disk":
+            return self._load_disk(i)
+        return self._decode_resized(i)
+
+    def load_labels(self, i: int) -> np.ndarray:
+        """Boxes of image ``i`` as float32 ``(n, 5)`` ``[cls, x1, y1, x2, y2]`` in pixels of
+        the resized image returned by :meth:`load_image`."""
+        lab = self.records[i].labels
+        h, w = self._target_hw(i)
+        out = np.empty((len(lab), 5), np.float32)
+        out[:, 0] = lab[:, 0]
+        out[:, 1] = (lab[:, 1] - lab[:, 3] / 2) * w
+        out[:, 2] = (lab[:, 2] - lab[:, 4] / 2) * h
+        out[:, 3] = (lab[:, 1] + lab[:, 3] / 2) * w
+        out[:, 4] = (lab[:, 2] + lab[:, 4] / 2) * h
+        return out
+
+    def _disk_path(self, i: int) -> Path:
+        f = self.records[i].im_file
+        return f.with_name(f"{f.name}.{self.imgsz}.npy")
+
+    def _disk_writable(self) -> bool:
+        dirs = sorted({str(r.im_file.parent) for r in self.records})
+        bad = [d for d in dirs if not writable_dir(Path(d))]
+        if bad:
+            warnings.warn(
+                f"{bad[0]}: folder is not writable; disk image cache disabled "
+                f"({len(bad)} read-only folder(s)), images will be decoded every time",
+                DatasetWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def _load_disk(self, i: int) -> np.ndarray:
+        src, npy = self.records[i].im_file, self._disk_path(i)
+        try:
+            if npy.stat().st_mtime_ns >= src.stat().st_mtime_ns:
+                img = np.load(npy, allow_pickle=False)
+                if img.dtype == np.uint8 and img.shape == (*self._target_hw(i), 3):
+                    return img
+        except (OSError, ValueError):
+            pass  # missing or corrupt: rebuild below
+        img = self._decode_resized(i)
+        tmp = npy.with_name(f".{npy.name}.{os.getpid()}.tmp.npy")
+        try:
+            np.save(tmp, img, allow_pickle=False)
+            os.replace(tmp, npy)
+        except OSError as e:
+            logger.debug("cannot write disk cache %s: %s", npy, e)
+            tmp.unlink(missing_ok=True)
+        return img
+
+    def _fill_ram_cache(self) -> None:
+        need = sum(h * w * 3 for h, w in map(self._target_hw, range(len(self))))
+        try:
+            import psutil
+
+            avail = psutil.virtual_memory().available
+        except Exception:  # psutil missing or unsupported platform: trust the user
+            avail = None
+        if avail is not None and need > 0.5 * avail:
+            warnings.warn(
+                f"RAM image cache needs {need / 2**30:.1f} GiB but only "
+                f"{avail / 2**30:.1f} GiB are available; caching disabled",
+                DatasetWarning,
+                stacklevel=3,
+            )
+            self.cache = False
+            return
+        n_threads = min(8, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=n_threads) as pool:
+            self._ram = list(pool.map(self._decode_resized, range(len(self))))
+        logger.info("cached %d images in RAM (%.2f GiB)", len(self), need / 2**30)
+
+    # ------------------------------------------------------------------ samples
+    def _letterboxed(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        img, lab, _, _ = A.letterbox(self.load_image(i), self.imgsz, self.load_labels(i))
+        assert lab is not None
+        return img, lab
+
+    def _mosaic(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        idx = [i, *(int(j) for j in rng.integers(0, len(self), size=3))]
+        canvas, lab = A.mosaic4(
+            [self.load_image(j) for j in idx], [self.load_labels(j) for j in idx], self.imgsz, rng
+        )
+        h = self.hyp
+        return A.random_affine(
+            canvas,
+            lab,
+            rng,
+            self.imgsz,
+            degrees=h["degrees"],
+            translate=h["translate"],
+            scale=h["scale"],
+            shear=h["shear"],
+            perspective=h["perspective"],
+        )
+
+    def _augmented(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bool]:
+        h = self.hyp
+        mosaic_on = self.mosaic_enabled
+        use_mosaic = mosaic_on and h["mosaic"] > 0 and rng.random() < h["mosaic"]
+        img, lab = self._mosaic(i, rng) if use_mosaic else self._letterboxed(i)
+        if mosaic_on and h["mixup"] > 0 and rng.random() < h["mixup"]:
+            j = int(rng.integers(0, len(self)))
+            img2, lab2 = self._mosaic(j, rng) if use_mosaic else self._letterboxed(j)
+            img, lab = A.mixup(img, lab, img2, lab2, rng)
+        if h["hsv_prob"] > 0 and rng.random() < h["hsv_prob"]:
+            img = A.augment_hsv(img, rng, h["hsv_h"], h["hsv_s"], h["hsv_v"])
+        if h["flipud"] > 0 and rng.random() < h["flipud"]:
+            img, lab = A.flipud(img, lab)
+        if h["fliplr"] > 0 and rng.random() < h["fliplr"]:
+            img, lab = A.fliplr(img, lab)
+        keep = (lab[:, 3] - lab[:, 1] > MIN_BOX_SIDE) & (lab[:, 4] - lab[:, 2] > MIN_BOX_SIDE)
+        return img, lab[keep], use_mosaic
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Sample ``index`` (see the module docstring for shapes and units)."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} images")
+        index = index % len(self)
+        rec = self.records[index]
+        h0, w0 = rec.shape
+        nh, nw = self._target_hw(index)
+        meta: dict[str, Any] = {
+            "path": str(rec.im_file),
+            "orig_shape": (h0, w0),
+            "ratio": self.imgsz / max(h0, w0),
+            "pad": ((self.imgsz - nw) // 2, (self.imgsz - nh) // 2),
+            "mosaic": False,
+        }
+        if self.augment:
+            rng = np.random.default_rng([self.seed, self.rank, self.epoch, index])
+            img, lab, meta["mosaic"] = self._augmented(index, rng)
+        else:
+            img, lab = self._letterboxed(index)
+        image = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+        labels = torch.from_numpy(np.ascontiguousarray(lab, dtype=np.float32).reshape(-1, 5))
+        return image, labels, meta
+
+    def __repr__(self) -> str:
+        return (
+            f"YOLODataset({len(self)} images, imgsz={self.imgsz}, augment={self.augment}, "
+            f"cache={self.cache!r}, epoch={self.epoch}, mosaic={self.mosaic_enabled})"
+        )
+
+
+def _parse_cache(cache: Any) -> CacheMode:
+    """``False``/None/"false"/"0"/"no"/"none"/"" -> off; True/"ram"/"true"/"1"/"yes" -> ram;
+    "disk" -> disk (LibreYOLO semantics). Raises ``ValueError`` otherwise."""
+    if cache is None or cache is False:
+        return False
+    if cache is True:
+        return "ram"
+    if isinstance(cache, str):
+        v = cache.strip().lower()
+        if v in ("", "false", "0", "no", "none"):
+            return False
+        if v in ("ram", "true", "1", "yes"):
+            return "ram"
+        if v == "disk":
+            return "disk"
+    raise ValueError(f"Invalid cache mode {cache!r}: use False, 'ram' or 'disk'")
