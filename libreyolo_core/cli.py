@@ -36,7 +36,7 @@ COMMAND_KEYS: dict[str, set[str]] = {
     "info": {"model", "imgsz"},
     "version": set(),
 }
-COMMANDS = ("train", *COMMAND_KEYS)
+COMMANDS = ("train", *COMMAND_KEYS, "profile")
 
 
 def _value(text: str) -> Any:
@@ -106,9 +106,12 @@ def cmd_train(keys: dict[str, Any]) -> int:
         spec_path = Path(keys.pop("spec"))
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
         kind = spec.get("kind", "train")
-        if kind != "train":
-            raise UsageError(f"{spec_path}: kind {kind!r} is not supported by `libreyolo train`")
+        if kind not in ("train", "profile"):
+            raise UsageError(f"{spec_path}: kind {kind!r} is not one of train, profile")
         merged = {**spec.get("params", {})}
+        if kind == "profile":  # a window of real steps with augmentation on, then stop
+            merged = {"no_aug_epochs": 0, "val": False, **merged, "profile": True,
+                      "profile_then_stop": True}
         for k in ("model", "data", "project", "name", "exist_ok", "resume"):
             if spec.get(k) not in (None, ""):
                 merged[k] = spec[k]
@@ -237,6 +240,10 @@ def run(argv: Sequence[str]) -> int:
     from libreyolo_core.models.registry import ModelNameError
 
     try:
+        if list(argv[:1]) == ["profile"]:  # POSIX flags, its own parser
+            from libreyolo_core.profiler.cli import main as profile_main
+
+            return profile_main(list(argv[1:]))
         command, keys = parse_args(argv)
         return HANDLERS[command](keys)
     except (UsageError, ConfigError, ModelNameError) as exc:
@@ -254,13 +261,14 @@ def _exit_for(exc: Exception) -> int:
     from libreyolo_core.data.scan import DatasetError
     from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.engine.checkpoint import CheckpointError
+    from libreyolo_core.profiler import ProfileWindowError
 
     interrupted = type(exc).__name__ == "TrainingInterrupted"
     if interrupted:
         print(f"interrupted ({exc}): last.pt saved; resume with resume=path/to/last.pt", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
-    if isinstance(exc, DataConfigError | DatasetError):
+    if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):
         return EXIT_DATA
     if isinstance(exc, CheckpointError):
         return EXIT_MODEL

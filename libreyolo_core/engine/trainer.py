@@ -342,6 +342,8 @@ class Trainer:
                 self._save(epoch - 1, is_best=False)
                 raise TrainingInterrupted(self.stop_reason)
             epoch_time = time.perf_counter() - t0
+            if cfg.profile_then_stop:  # a profile-only run writes no checkpoint or results
+                continue
             validate_now = cfg.val and self.val_loader is not None and (
                 (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs
             )
@@ -430,6 +432,9 @@ class Trainer:
                             epoch + 1, i + 1, ", ".join(f"{n}={v:.4g}" for n, v in
                                                         zip(self.item_names, values[1:], strict=True)))
                 self.optimizer.zero_grad(set_to_none=True)
+                if prof is not None and prof.step_end():
+                    self._finish_profile()
+                    prof = None
                 if streak >= MAX_NONFINITE_STREAK:
                     raise NonFiniteLossError(
                         f"{streak} non-finite losses in a row at epoch {epoch + 1}: the run diverged; "

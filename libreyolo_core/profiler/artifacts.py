@@ -1,0 +1,405 @@
+"""From measured steps (+ an optional trace) to ``profile.json`` and the other artifacts.
+
+Files written into the run directory (reference A.4):
+
+- ``profile_trace.json`` — the raw ``torch.profiler`` Chrome trace (moved there by the window).
+- ``profile_summary.json`` — ``meta``, ``window``, ``real`` (unsynced figures),
+  ``composition_ms`` (synced per-phase means), ``bound``, ``bound_why``, ``trace``,
+  ``analysis`` (the headline trace figures).
+- ``profile.json`` — schema :data:`SCHEMA`: self-contained, everything the
+  ``libreyolo profile`` readers need (no path in it is ever opened again).
+- ``timeline.html`` — the self-contained viewer (:mod:`libreyolo_core.profiler.timeline`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from libreyolo_core.profiler import verdict as V
+from libreyolo_core.profiler.analysis import TOP_KERNELS, analyze_trace, load_trace, order_phases
+
+__all__ = [
+    "SCHEMA",
+    "real_figures",
+    "composition",
+    "build_profile",
+    "write_artifacts",
+    "write_json",
+    "profile_from_trace",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "libreyolo.profile/v1"
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def real_figures(unsynced: Sequence[Any], batch: int) -> dict[str, float]:
+    """Verdict figures from the unsynced steps (``StepRecord``-like: ``wall_ms``, ``dataload_ms``).
+
+    Returns ``step_ms``, ``dataload_ms``, ``compute_ms = max(step - dataload, 0)``,
+    ``dataload_frac = dataload / step`` and ``img_per_s = batch / step`` (all means).
+    """
+    step = _mean([r.wall_ms for r in unsynced])
+    data = _mean([r.dataload_ms for r in unsynced])
+    return {
+        "step_ms": round(step, 3),
+        "dataload_ms": round(data, 3),
+        "compute_ms": round(max(step - data, 0.0), 3),
+        "dataload_frac": round(data / step, 4) if step > 0 else 0.0,
+        "img_per_s": round(batch / (step / 1e3), 2) if step > 0 else 0.0,
+    }
+
+
+def composition(synced: Sequence[Any]) -> dict[str, float]:
+    """Mean wall ms per phase over the synced steps (a phase absent from a step counts 0)."""
+    names = order_phases({p for r in synced for p in r.phases} | {"dataload"})
+    n = max(len(synced), 1)
+    out = {p: sum(r.phases.get(p, 0.0) for r in synced) / n for p in names if p != "dataload"}
+    return {
+        "dataload": round(_mean([r.dataload_ms for r in synced]), 3),
+        **{p: round(v, 3) for p, v in out.items()},
+    }
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def build_profile(
+    *,
+    meta: Mapping[str, Any],
+    window: Mapping[str, Any],
+    real: Mapping[str, float],
+    composition_ms: Mapping[str, float],
+    analysis: Mapping[str, Any] | None,
+    device_type: str,
+    peak_vram_mb: float | None = None,
+    trace: str | None = None,
+    trace_error: str | None = None,
+    steps: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """Assemble the ``profile.json`` dict (schema :data:`SCHEMA`, fields of reference A.5).
+
+    Args:
+        meta: environment (model, device, batch, imgsz, amp, workers, cuda_graph, ...).
+        window: ``warmup``, ``real_steps``, ``synced_steps``, ``accumulate``.
+        real: :func:`real_figures`. composition_ms: :func:`composition`.
+        analysis: :func:`~libreyolo_core.profiler.analysis.analyze_trace` or ``None``.
+        device_type: ``cpu``/``cuda``/``mps``. steps: per-step records for the timeline.
+    """
+    a = dict(analysis or {})
+    cpu = device_type == "cpu"
+    gpu = bool(a.get("has_gpu")) and not cpu
+    busy = a.get("gpu_busy_ms_per_step") if gpu else None
+    step_ms = real["step_ms"]
+    util_raw = (busy / step_ms) if (busy is not None and step_ms > 0) else None
+    util = min(util_raw, 1.0) if util_raw is not None else None
+    fig = {
+        **real,
+        "device_type": device_type,
+        "gpu_util": util,
+        "gpu_util_raw": util_raw,
+        "gpu_busy_ms_per_step": busy,
+        "cuda_mallocs_per_step": a.get("cuda_mallocs_per_step"),
+    }
+    bound, why = V.decide(fig)
+    host = max(step_ms - busy - real["dataload_ms"], 0.0) if busy is not None else None
+    kernels = a.get("kernels", []) if gpu else []
+    comp_total = round(sum(v for k, v in composition_ms.items()), 3)
+    trace_phases = {r["phase"]: r for r in a.get("phases", [])}
+    phases = []
+    for p in order_phases(set(trace_phases) | set(composition_ms) | {"dataload"}):
+        t = trace_phases.get(p, {})
+        wall = real["dataload_ms"] if p == "dataload" else composition_ms.get(p)
+        phases.append(
+            {
+                "phase": p,
+                "gpu_ms_per_step": t.get("gpu_ms_per_step") if gpu else None,
+                "cpu_ms_per_step": t.get("cpu_ms_per_step"),
+                "wall_ms_per_step": wall,
+                "kernels_per_step": t.get("kernels_per_step", 0.0) if gpu else 0.0,
+                "ops_per_step": t.get("ops_per_step", 0.0),
+                "unique_kernels": t.get("unique_kernels", 0) if gpu else 0,
+            }
+        )
+    notes = []
+    if cpu:
+        notes.append(
+            "CPU run: device utilisation is not applicable; CPU ops are mined instead "
+            "of GPU kernels"
+        )
+    elif not meta.get("amp", True):
+        notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
+    if analysis is None:
+        notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    profile: dict[str, Any] = {
+        "schema": SCHEMA,
+        "trace": trace,
+        "trace_error": trace_error,
+        "model": meta.get("model"),
+        "config": dict(meta),
+        "device_type": device_type,
+        "bound": bound,
+        "bound_why": why,
+        "levers": V.LEVERS[bound],
+        "step_ms": step_ms,
+        "img_per_s": real["img_per_s"],
+        "dataload_ms": real["dataload_ms"],
+        "dataload_frac": real["dataload_frac"],
+        "compute_ms": real["compute_ms"],
+        "gpu_util": _r(util),
+        "gpu_util_raw": _r(util_raw),
+        "utilisation": "not applicable (CPU run)"
+        if cpu
+        else ("unknown (no trace)" if util is None else f"{100 * util:.0f}%"),
+        "memory_pressure": bound == V.MEMORY,
+        "cuda_mallocs_per_step": a.get("cuda_mallocs_per_step") if gpu else None,
+        "host_overhead_ms_per_step": _r(host),
+        "launches_per_step": a.get("kernels_per_step") if gpu else None,
+        "gpu_busy_ms_per_step": busy,
+        "mean_kernel_us": a.get("mean_kernel_us") if gpu else None,
+        "kernels_per_step": a.get("kernels_per_step") if gpu else None,
+        "unique_kernels": a.get("unique_kernels") if gpu else None,
+        "memcpy_ms_per_step": a.get("memcpy_ms_per_step") if gpu else None,
+        "tensorcore_pct": a.get("tensorcore_pct") if gpu else None,
+        "peak_vram_mb": _r(peak_vram_mb, 1),
+        "cpu_ops_ms_per_step": a.get("cpu_ops_ms_per_step"),
+        "ops_per_step": a.get("ops_per_step"),
+        "window": {
+            **dict(window),
+            "analysed_steps": (a.get("window") or {}).get("steps"),
+            "wall_ms": (a.get("window") or {}).get("wall_ms"),
+        },
+        "composition_ms": dict(composition_ms),
+        "composition_total_ms": comp_total,
+        "categories": a.get("categories", []),
+        "phases": phases,
+        "phases_gpu": {r["phase"]: r["gpu_ms_per_step"] for r in phases if gpu},
+        "kernels_by_phase": a.get("kernels_by_phase", {}) if gpu else {},
+        "ops_by_phase": a.get("ops_by_phase", {}),
+        "top_kernels": kernels[:TOP_KERNELS],
+        "kernels": kernels,
+        "ops": a.get("ops", []),
+        "notes": notes,
+        "steps": list(steps),
+    }
+    profile["metrics"] = flat_metrics(profile)
+    return _clean(profile)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def flat_metrics(p: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat ``metrics`` map that ``libreyolo profile get`` lists (reference A.5)."""
+    m: dict[str, Any] = {
+        "img_per_s": p.get("img_per_s"),
+        "step_ms": p.get("step_ms"),
+        "dataload_ms": p.get("dataload_ms"),
+        "dataload_frac": p.get("dataload_frac"),
+        "compute_ms": p.get("compute_ms"),
+        "gpu_util": p.get("gpu_util"),
+        "gpu_busy_ms": p.get("gpu_busy_ms_per_step"),
+        "mean_kernel_us": p.get("mean_kernel_us"),
+        "kernels_per_step": p.get("kernels_per_step"),
+        "unique_kernels": p.get("unique_kernels"),
+        "ops_per_step": p.get("ops_per_step"),
+        "cpu_ops_ms": p.get("cpu_ops_ms_per_step"),
+        "memcpy_ms": p.get("memcpy_ms_per_step"),
+        "tensorcore_pct": p.get("tensorcore_pct"),
+        "peak_vram_mb": p.get("peak_vram_mb"),
+        "host_overhead_ms": p.get("host_overhead_ms_per_step"),
+        "launches_per_step": p.get("launches_per_step"),
+        "cuda_mallocs_per_step": p.get("cuda_mallocs_per_step"),
+        "memory_pressure": p.get("memory_pressure"),
+        "bound": p.get("bound"),
+    }
+    for row in p.get("phases", []):
+        ph = row["phase"]
+        m[f"{ph}_gpu_ms"] = row.get("gpu_ms_per_step")
+        m[f"{ph}_wall_ms"] = row.get("wall_ms_per_step")
+        m[f"{ph}_kernels"] = row.get("kernels_per_step")
+        m[f"{ph}_ops"] = row.get("ops_per_step")
+    for key in ("img_per_s_std", "img_per_s_n"):
+        if key in p:
+            m[key] = p[key]
+    return m
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def summary_of(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``profile_summary.json`` dict: headline figures and the verdict."""
+    return {
+        "meta": profile.get("config", {}),
+        "window": profile.get("window", {}),
+        "real": {
+            k: profile.get(k)
+            for k in ("step_ms", "dataload_ms", "compute_ms", "img_per_s", "dataload_frac")
+        },
+        "composition_ms": profile.get("composition_ms", {}),
+        "composition_total_ms": profile.get("composition_total_ms"),
+        "bound": profile.get("bound"),
+        "bound_why": profile.get("bound_why"),
+        "trace": profile.get("trace"),
+        "device_type": profile.get("device_type"),
+        "analysis": {
+            k: profile.get(k)
+            for k in (
+                "gpu_util",
+                "gpu_util_raw",
+                "gpu_busy_ms_per_step",
+                "kernels_per_step",
+                "mean_kernel_us",
+                "memcpy_ms_per_step",
+                "cuda_mallocs_per_step",
+                "tensorcore_pct",
+                "peak_vram_mb",
+                "host_overhead_ms_per_step",
+                "cpu_ops_ms_per_step",
+                "ops_per_step",
+            )
+        },
+    }
+
+
+def write_artifacts(
+    prof: Any, run_dir: Path, trace_path: Path | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Analyse a finished :class:`TrainingProfiler` and write the artifacts into ``run_dir``.
+
+    Returns:
+        ``(profile, artifacts)``: the ``profile.json`` dict and ``{relative path: kind}``.
+    """
+    from libreyolo_core.profiler.timeline import write_timeline
+
+    trace, analysis, trace_error = None, None, prof.trace_error
+    if trace_path is not None:
+        try:
+            trace = load_trace(trace_path)
+            analysis = analyze_trace(trace)
+        except Exception as exc:  # noqa: BLE001 - an unreadable trace costs the kernel detail only
+            trace_error = f"trace analysis failed: {type(exc).__name__}: {exc}"
+            log.warning("%s", trace_error)
+    w = prof.window
+    window = {
+        "warmup": w.warmup,
+        "real_steps": w.half,
+        "synced_steps": w.steps - w.half,
+        "steps": w.steps,
+        "accumulate": w.accumulate,
+    }
+    steps = [
+        {
+            "index": r.index,
+            "kind": r.kind,
+            "wall_ms": round(r.wall_ms, 3),
+            "dataload_ms": round(r.dataload_ms, 3),
+            "phases": {k: round(v, 3) for k, v in r.phases.items()},
+        }
+        for r in prof.records
+    ]
+    profile = build_profile(
+        meta=prof.meta,
+        window=window,
+        real=real_figures(prof.measured("unsynced"), prof.batch),
+        composition_ms=composition(prof.measured("synced")),
+        analysis=analysis,
+        device_type=prof.device.type,
+        peak_vram_mb=prof.peak_vram_mb,
+        trace="profile_trace.json" if trace_path is not None else None,
+        trace_error=trace_error,
+        steps=steps,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "profile.json", profile)
+    write_json(run_dir / "profile_summary.json", summary_of(profile))
+    write_timeline(run_dir / "timeline.html", profile, trace)
+    artifacts = {
+        "timeline.html": "timeline",
+        "profile.json": "profile",
+        "profile_summary.json": "profile",
+    }
+    if trace_path is not None:
+        artifacts["profile_trace.json"] = "trace"
+    return profile, artifacts
+
+
+def profile_from_trace(path: str | Path) -> dict[str, Any]:
+    """Build a profile from a raw ``profile_trace.json`` (readers accept one).
+
+    A sibling ``profile_summary.json`` supplies the unsynced figures and meta; without it the
+    step time and data wait are estimated from the trace (window wall / steps and the
+    ``step/dataload`` spans), and the verdict says so.
+
+    Raises:
+        ValueError: not a Chrome trace.
+    """
+    path = Path(path)
+    trace = load_trace(path)
+    a = analyze_trace(trace)
+    summary_path = path.with_name("profile_summary.json")
+    if summary_path.is_file():
+        s = json.loads(summary_path.read_text(encoding="utf-8"))
+        meta, real = s.get("meta", {}), s.get("real", {})
+        window, comp = s.get("window", {}), s.get("composition_ms", {})
+        device_type = s.get("device_type") or ("cuda" if a["has_gpu"] else "cpu")
+        peak = (s.get("analysis") or {}).get("peak_vram_mb")
+    else:
+        steps = a["window"]["steps"]
+        step_ms = a["window"]["wall_ms"] / max(steps, 1)
+        data = _dataload_wall(trace, a)
+        real = {
+            "step_ms": round(step_ms, 3),
+            "dataload_ms": round(data, 3),
+            "compute_ms": round(max(step_ms - data, 0.0), 3),
+            "dataload_frac": round(data / step_ms, 4) if step_ms else 0.0,
+            "img_per_s": None,
+        }
+        meta, window, comp, peak = {"source": path.name}, {"real_steps": steps}, {}, None
+        device_type = "cuda" if a["has_gpu"] else "cpu"
+    real = {"img_per_s": None, "compute_ms": 0.0, **real}
+    return build_profile(
+        meta=meta,
+        window=window,
+        real=real,
+        composition_ms=comp,
+        analysis=a,
+        device_type=device_type,
+        peak_vram_mb=peak,
+        trace=path.name,
+    )
+
+
+def _dataload_wall(trace: Mapping[str, Any], a: Mapping[str, Any]) -> float:
+    w0, w1 = a["window"]["start_us"], a["window"]["end_us"]
+    total = sum(
+        float(e.get("dur", 0.0))
+        for e in trace.get("traceEvents", [])
+        if e.get("cat") == "user_annotation"
+        and e.get("name") == "step/dataload"
+        and w0 <= float(e.get("ts", -1)) < w1
+    )
+    return total / 1e3 / max(a["window"]["steps"], 1)

@@ -1,0 +1,414 @@
+"""``libreyolo profile run|summary|phases|kernels|ops|get|compare`` (POSIX flags).
+
+Exit codes: 0 ok; 1 a trace that cannot be analysed; 2 usage error, missing file, unknown
+field or phase (the message lists the valid ones); 3 ``run`` produced no profile because the
+dataset cannot fill the window (the message names the three ways out).
+
+Readers accept a ``profile.json`` (schema ``libreyolo.profile...``), a ``profile_repeat.json``,
+a raw ``profile_trace.json`` (analysed on the fly, with a sibling ``profile_summary.json`` if
+present) or a directory holding ``profile.json``. Every subcommand takes ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser", "load_profile", "aggregate", "ReaderError"]
+
+EXIT_OK, EXIT_TRACE, EXIT_USAGE, EXIT_NO_PROFILE = 0, 1, 2, 3
+
+#: Scalars averaged over repeat trials (reference A.6).
+REPEAT_SCALARS = (
+    "step_ms",
+    "gpu_util",
+    "gpu_util_raw",
+    "gpu_busy_ms_per_step",
+    "mean_kernel_us",
+    "kernels_per_step",
+    "memcpy_ms_per_step",
+    "host_overhead_ms_per_step",
+    "launches_per_step",
+    "dataload_ms",
+    "dataload_frac",
+    "compute_ms",
+    "tensorcore_pct",
+    "cuda_mallocs_per_step",
+    "cpu_ops_ms_per_step",
+    "ops_per_step",
+    "peak_vram_mb",
+)
+REMEDIES = ("a bigger dataset", "fewer --steps", "a smaller --batch")
+
+
+class ReaderError(Exception):
+    """A reader cannot go on; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+# -- loading -----------------------------------------------------------------------------
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """Read a profile for the readers (see module docstring).
+
+    Raises:
+        ReaderError: missing file (code 2) or a file that is neither a profile nor a trace
+            (code 1).
+    """
+    from libreyolo_core.profiler.artifacts import profile_from_trace
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "profile.json"
+    if not p.is_file():
+        raise ReaderError(f"{path}: no such file", EXIT_USAGE)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReaderError(f"{p}: not JSON ({exc})", EXIT_TRACE) from None
+    if isinstance(data, dict) and str(data.get("schema", "")).startswith("libreyolo.profile"):
+        return data
+    if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
+        try:
+            return profile_from_trace(p)
+        except Exception as exc:  # noqa: BLE001
+            raise ReaderError(f"{p}: trace cannot be analysed ({exc})", EXIT_TRACE) from None
+    raise ReaderError(
+        f"{p}: neither a profile.json (libreyolo.profile schema) nor a Chrome trace", EXIT_TRACE
+    )
+
+
+# -- run -----------------------------------------------------------------------------------
+def _model_name(args: argparse.Namespace) -> str:
+    if args.weights:
+        return args.weights
+    name = args.model
+    if args.size:
+        base = name.rsplit("-", 1)[0] if "-" in name else name
+        name = f"{base}-{args.size}"
+    return name
+
+
+def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[str, Any]:
+    """``profile_repeat.json``: the last trial's profile with means over the trials.
+
+    ``img_per_s`` becomes the mean with ``img_per_s_std`` (population std), ``img_per_s_n``
+    and ``img_per_s_trials``; every :data:`REPEAT_SCALARS` value becomes its mean; the bound
+    is ``mixed`` when the trials disagree. Kernel/op lists come from the last trial.
+    """
+    from libreyolo_core.profiler import verdict as V
+    from libreyolo_core.profiler.artifacts import flat_metrics
+
+    out = json.loads(json.dumps(profiles[-1]))
+    ips = [p["img_per_s"] for p in profiles if p.get("img_per_s") is not None]
+    if ips:
+        out["img_per_s"] = round(statistics.fmean(ips), 3)
+        out["img_per_s_std"] = round(statistics.pstdev(ips), 4)
+        out["img_per_s_n"] = len(ips)
+        out["img_per_s_trials"] = ips
+    for key in REPEAT_SCALARS:
+        vals = [
+            p[key]
+            for p in profiles
+            if isinstance(p.get(key), int | float) and not isinstance(p.get(key), bool)
+        ]
+        if vals:
+            mean = statistics.fmean(vals)
+            out[key] = round(mean) if all(isinstance(v, int) for v in vals) else round(mean, 4)
+    bounds = [p.get("bound") for p in profiles]
+    out["bound"] = V.combine(bounds)
+    out["trial_bounds"] = bounds
+    if out["bound"] == V.MIXED:
+        out["bound_why"] = "repeat trials produced mixed bottleneck verdicts: " + ", ".join(
+            f"trial {i + 1}: {b}" for i, b in enumerate(bounds)
+        )
+        out["levers"] = V.LEVERS[V.MIXED]
+    else:
+        out["bound_why"] = (
+            f"all {len(bounds)} trials agree; last trial: {profiles[-1].get('bound_why')}"
+        )
+    out["memory_pressure"] = out["bound"] == V.MEMORY
+    out["aggregation"] = {
+        "n": len(profiles),
+        "profiles": list(paths),
+        "representative_profile": paths[-1],
+        "note": "means over trials (img/s std is the population std); kernel "
+        "and op lists, phases and the trace come from the last trial",
+    }
+    out["metrics"] = flat_metrics(out)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Profile ``--repeat`` short training runs; exit 3 when the window cannot be filled."""
+    import torch
+
+    from libreyolo_core.facade import LibreYOLO
+    from libreyolo_core.profiler.artifacts import write_json
+    from libreyolo_core.profiler.window import ProfileWindowError
+
+    project = Path(args.project)
+    profiles, paths = [], []
+    for i in range(args.repeat):
+        name = "prof" if args.repeat == 1 else f"prof_{i + 1}"
+        overrides: dict[str, Any] = dict(
+            epochs=args.epochs or args.warmup + args.steps + 5,
+            profile=True,
+            profile_then_stop=True,
+            profile_steps=args.steps,
+            profile_warmup=args.warmup,
+            profile_open=False,
+            no_aug_epochs=0,
+            val=False,
+            project=str(project),
+            name=name,
+            exist_ok=True,
+            batch=args.batch,
+            imgsz=args.imgsz,
+            workers=args.workers,
+            amp=args.amp,
+        )
+        if args.device is not None:
+            overrides["device"] = args.device
+        out = sys.stderr if args.json else sys.stdout
+        try:
+            with contextlib.redirect_stdout(out):
+                LibreYOLO(_model_name(args)).train(data=args.data, **overrides)
+        except ProfileWindowError as exc:
+            print(f"error: no profile for trial {i + 1}: {exc}", file=sys.stderr)
+            return EXIT_NO_PROFILE
+        run_dir = project / name
+        if not (run_dir / "profile.json").is_file():
+            print(
+                f"error: no profile was produced for trial {i + 1} ({run_dir}): the warmup + "
+                f"steps window never filled. Ways out: {', '.join(REMEDIES)}",
+                file=sys.stderr,
+            )
+            return EXIT_NO_PROFILE
+        profiles.append(json.loads((run_dir / "profile.json").read_text(encoding="utf-8")))
+        paths.append(str(run_dir / "profile.json"))
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    final, final_path = profiles[-1], paths[-1]
+    if len(profiles) >= 2:
+        final = aggregate(profiles, paths)
+        final_path = str(project / "profile_repeat.json")
+        write_json(Path(final_path), final)
+    trace = Path(paths[-1]).with_name("profile_trace.json")
+    result = {
+        "profile": final_path,
+        "trace": str(trace) if trace.is_file() else None,
+        "img_per_s": final.get("img_per_s"),
+        "img_per_s_std": final.get("img_per_s_std"),
+        "img_per_s_n": final.get("img_per_s_n", 1),
+        "bound": final.get("bound"),
+        "gpu_util": final.get("gpu_util"),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        if len(profiles) >= 2:
+            from libreyolo_core.profiler.report import format_summary
+
+            print(format_summary(final))
+        print(f"profile: {final_path}" + (f"\ntrace: {result['trace']}" if result["trace"] else ""))
+    return EXIT_OK
+
+
+# -- readers -------------------------------------------------------------------------------
+def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
+    print(json.dumps(data, indent=1) if args.json else text)
+    return EXIT_OK
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from libreyolo_core.profiler.report import format_summary
+
+    p = load_profile(args.profile)
+    data = {
+        k: v
+        for k, v in p.items()
+        if k not in ("kernels", "ops", "kernels_by_phase", "ops_by_phase", "steps")
+    }
+    return _emit(args, data, format_summary(p))
+
+
+def cmd_phases(args: argparse.Namespace) -> int:
+    from libreyolo_core.profiler.report import format_phases
+
+    p = load_profile(args.profile)
+    return _emit(args, p.get("phases", []), format_phases(p.get("phases", [])))
+
+
+def _phase_names(p: dict[str, Any]) -> list[str]:
+    return [r["phase"] for r in p.get("phases", [])]
+
+
+def _select(args: argparse.Namespace, p: dict[str, Any], kind: str) -> tuple[list[dict], str, str]:
+    """Rows for ``kernels``/``ops`` after the filters; returns (rows, key, note)."""
+    note = ""
+    key = "kernel" if kind == "kernels" else "op"
+    if kind == "kernels" and not p.get("kernels"):
+        kind, key = "ops", "op"
+        note = "no GPU kernels in this profile (CPU run): showing CPU ops (self time) instead"
+    phase = getattr(args, "phase", None)
+    if phase:
+        valid = _phase_names(p)
+        if phase not in valid:
+            raise ReaderError(
+                f"unknown phase {phase!r}; valid phases: {', '.join(valid) or '(none)'}"
+            )
+        rows = list((p.get(f"{kind}_by_phase") or {}).get(phase, []))
+    else:
+        rows = list(p.get(kind) or [])
+    if getattr(args, "category", None):
+        rows = [r for r in rows if args.category.lower() in str(r.get("category", "")).lower()]
+    if getattr(args, "grep", None):
+        try:
+            rx = re.compile(args.grep, re.IGNORECASE)
+        except re.error as exc:
+            raise ReaderError(f"--grep {args.grep!r}: bad regular expression ({exc})") from None
+        rows = [r for r in rows if rx.search(str(r[key])) or rx.search(str(r.get("raw_name", "")))]
+    if getattr(args, "tensorcore", False):
+        rows = [r for r in rows if r.get("tensorcore")]
+    sort = getattr(args, "sort", "time")
+    if sort == "count":
+        rows.sort(key=lambda r: -r["count_per_step"])
+    elif sort == "name":
+        rows.sort(key=lambda r: str(r[key]).lower())
+    else:
+        rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows[: args.top], key, note
+
+
+def cmd_kernels(args: argparse.Namespace, kind: str = "kernels") -> int:
+    from libreyolo_core.profiler.report import format_rows
+
+    p = load_profile(args.profile)
+    rows, key, note = _select(args, p, kind)
+    text = ((note + "\n") if note else "") + format_rows(rows, key)
+    data: dict[str, Any] = {"rows": rows, "kind": "kernels" if key == "kernel" else "ops"}
+    if note:
+        data["note"] = note
+    return _emit(args, data, text)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    p = load_profile(args.profile)
+    metrics = p.get("metrics") or {}
+    if not args.field:
+        return _emit(args, sorted(metrics), "\n".join(sorted(metrics)))
+    if args.field not in metrics:
+        raise ReaderError(
+            f"unknown field {args.field!r}; valid fields: {', '.join(sorted(metrics))}"
+        )
+    value = metrics[args.field]
+    return _emit(args, {args.field: value}, "n/a" if value is None else str(value))
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from libreyolo_core.profiler.report import compare_profiles, format_compare
+
+    c = compare_profiles(load_profile(args.before), load_profile(args.after))
+    return _emit(args, c, format_compare(c))
+
+
+# -- parser ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``libreyolo profile`` argument parser."""
+    ap = argparse.ArgumentParser(prog="libreyolo profile", description="training profiler")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="profile a short window of real training steps")
+    r.add_argument("data", help="dataset yaml")
+    r.add_argument("--weights", default=None, help="checkpoint to start from (overrides --model)")
+    r.add_argument(
+        "--model", default="yolo9-t", help="model name <family>-<size> (default yolo9-t)"
+    )
+    r.add_argument("--size", default=None, help="size letter replacing the one in --model")
+    r.add_argument("--batch", type=int, default=16)
+    r.add_argument("--imgsz", type=int, default=640)
+    r.add_argument("--workers", type=int, default=8)
+    r.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument("--steps", type=int, default=20, help="measured steps (>= 2)")
+    r.add_argument("--warmup", type=int, default=5, help="discarded steps")
+    r.add_argument(
+        "--repeat", type=int, default=1, help="trials: prof_1..prof_N + profile_repeat.json"
+    )
+    r.add_argument("--device", default=None, help="cpu, 0, cuda:0, auto (default: auto)")
+    r.add_argument("--project", default="runs/profile")
+    r.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs the window may span (default warmup + steps + 5)",
+    )
+    r.add_argument("--json", action="store_true")
+
+    def reader(name: str, help_: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("profile", help="profile.json, profile_repeat.json or profile_trace.json")
+        s.add_argument("--json", action="store_true")
+        return s
+
+    reader("summary", "headline figures and the verdict")
+    reader("phases", "per-phase GPU ms, wall ms, kernels, ops")
+    for name in ("kernels", "ops"):
+        s = reader(name, f"top {name} by time")
+        s.add_argument("--top", type=int, default=20)
+        s.add_argument(
+            "--category", default=None, help="substring: gemm, layout, norm, elementwise"
+        )
+        s.add_argument("--grep", default=None, help="regular expression, case-insensitive")
+        s.add_argument("--phase", default=None)
+        s.add_argument("--sort", choices=("time", "count", "name"), default="time")
+        if name == "kernels":
+            s.add_argument("--tensorcore", action="store_true", help="Tensor-Core kernels only")
+    g = reader("get", "one metric (no field: list the metric names)")
+    g.add_argument("field", nargs="?", default=None)
+    c = sub.add_parser("compare", help="delta of the headline metrics and a significance call")
+    c.add_argument("before")
+    c.add_argument("after")
+    c.add_argument("--json", action="store_true")
+    return ap
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``libreyolo profile <argv>``; returns the exit code.
+
+    Errors of the readers are printed and mapped to exit codes; errors of ``run`` other than
+    an unfillable window propagate to the caller (``libreyolo_core.cli`` maps them).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.command == "run" and (args.repeat < 1 or args.steps < 1 or args.warmup < 0):
+        print("error: --repeat and --steps must be >= 1, --warmup >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    handlers = {
+        "run": cmd_run,
+        "summary": cmd_summary,
+        "phases": cmd_phases,
+        "kernels": cmd_kernels,
+        "ops": lambda a: cmd_kernels(a, "ops"),
+        "get": cmd_get,
+        "compare": cmd_compare,
+    }
+    try:
+        return handlers[args.command](args)
+    except ReaderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code

@@ -1,0 +1,137 @@
+"""The four verdicts, their thresholds (all in one place) and the sentence that explains one.
+
+Order of the rules (reference A.3, LibreYOLO's newer profiler):
+
+1. ``memory-pressure`` — ``cuda_mallocs_per_step >= MALLOCS_PER_STEP`` or
+   ``gpu_util_raw > UTIL_RAW_OVER`` (allocator thrash: the busy time overlaps itself, so
+   utilisation and img/s are unreliable).
+2. ``dataloader`` — ``dataload_frac >= DATALOADER_FRAC`` (share of the *unsynced* step spent
+   blocked in ``next(loader)``).
+3. ``compute`` — ``gpu_util >= COMPUTE_UTIL`` (device kernel time / unsynced step time).
+4. ``host/launch`` — otherwise: the device is only partly busy, kernels arrive too slowly.
+
+On a CPU-only run device utilisation is not applicable: the verdict is ``dataloader`` when
+the data-wait share reaches :data:`DATALOADER_FRAC`, else ``compute``. Without a trace on a
+GPU run the same two-way rule applies (utilisation unknown). Repeat trials that disagree
+aggregate to ``mixed``.
+
+The phase split of the synced half is never an input here: per-phase synchronisation gives
+loader workers slack and hides starvation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "DATALOADER_FRAC",
+    "COMPUTE_UTIL",
+    "MALLOCS_PER_STEP",
+    "UTIL_RAW_OVER",
+    "VERDICTS",
+    "LEVERS",
+    "MIXED",
+    "decide",
+    "combine",
+]
+
+#: Data-wait share of the unsynced step at or above which the run is loader-bound.
+DATALOADER_FRAC = 0.20
+#: Device utilisation (kernel time / unsynced step) at or above which the device is saturated.
+COMPUTE_UTIL = 0.80
+#: ``cudaMalloc``/``cudaFree`` calls per step at or above which the allocator is thrashing.
+MALLOCS_PER_STEP = 5.0
+#: Raw utilisation above this means overlapping busy time: memory pressure.
+UTIL_RAW_OVER = 1.05
+
+MEMORY, DATALOADER, COMPUTE, HOST = "memory-pressure", "dataloader", "compute", "host/launch"
+MIXED = "mixed"
+#: The verdicts in the order their rules are checked.
+VERDICTS = (MEMORY, DATALOADER, COMPUTE, HOST)
+
+#: Which lever to pull for each verdict (printed by the report and the timeline).
+LEVERS: dict[str, str] = {
+    MEMORY: "lower batch or activation memory, stay away from the OOM edge; "
+    "utilisation and img/s are unreliable here",
+    DATALOADER: "more workers, cache=ram/disk, lighter augmentation, larger batch",
+    COMPUTE: "AMP / bf16 (amp=True), accept it, or a smaller model",
+    HOST: "larger micro-batch, fewer per-step syncs (.item()), cuda_graph=True, op fusion",
+    MIXED: "repeat trials produced mixed bottleneck verdicts: profile again with more steps",
+}
+
+
+def _pct(x: float) -> str:
+    return f"{100.0 * x:.0f}%"
+
+
+def decide(fig: Mapping[str, Any]) -> tuple[str, str]:
+    """Pick the verdict for one profile and say why, with the figures that decided it.
+
+    Args:
+        fig: headline figures. Always read: ``step_ms`` and ``dataload_ms`` (unsynced means,
+            milliseconds) and ``dataload_frac`` (0-1). On a device run (``device_type`` other
+            than ``"cpu"``) also ``gpu_util``, ``gpu_util_raw``, ``gpu_busy_ms_per_step`` and
+            ``cuda_mallocs_per_step``; a ``None`` utilisation means no trace was analysed.
+
+    Returns:
+        ``(bound, bound_why)``: one of :data:`VERDICTS` and a sentence quoting the figures
+        and the threshold crossed (or not crossed).
+    """
+    step = float(fig.get("step_ms") or 0.0)
+    data = float(fig.get("dataload_ms") or 0.0)
+    frac = float(fig.get("dataload_frac") or 0.0)
+    data_txt = f"data wait is {_pct(frac)} of the unsynced step ({data:.1f} of {step:.1f} ms)"
+    cpu = str(fig.get("device_type", "cpu")) == "cpu"
+    util = fig.get("gpu_util")
+    if cpu or util is None:
+        scope = (
+            "CPU run: device utilisation is not applicable; "
+            if cpu
+            else "no trace analysed, utilisation unknown; "
+        )
+        if frac >= DATALOADER_FRAC:
+            return DATALOADER, (
+                f"{scope}{data_txt}, at or above the {_pct(DATALOADER_FRAC)} dataloader threshold"
+            )
+        return COMPUTE, (
+            f"{scope}{data_txt}, below the {_pct(DATALOADER_FRAC)} dataloader "
+            "threshold, so the step is spent computing"
+        )
+    util = float(util)
+    raw = float(fig.get("gpu_util_raw") if fig.get("gpu_util_raw") is not None else util)
+    mallocs = float(fig.get("cuda_mallocs_per_step") or 0.0)
+    busy = float(fig.get("gpu_busy_ms_per_step") or 0.0)
+    if mallocs >= MALLOCS_PER_STEP or raw > UTIL_RAW_OVER:
+        reasons = []
+        if mallocs >= MALLOCS_PER_STEP:
+            reasons.append(
+                f"{mallocs:.1f} cudaMalloc/cudaFree calls per step (threshold {MALLOCS_PER_STEP:g})"
+            )
+        if raw > UTIL_RAW_OVER:
+            reasons.append(
+                f"raw utilisation {_pct(raw)} above {_pct(UTIL_RAW_OVER)} "
+                f"({busy:.1f} ms busy / {step:.1f} ms step)"
+            )
+        return MEMORY, (
+            "allocator thrash: " + " and ".join(reasons) + "; utilisation and img/s are unreliable"
+        )
+    if frac >= DATALOADER_FRAC:
+        return DATALOADER, f"{data_txt}, at or above the {_pct(DATALOADER_FRAC)} threshold"
+    util_txt = f"GPU busy {_pct(util)} of the step ({busy:.1f} ms busy / {step:.1f} ms step)"
+    if util >= COMPUTE_UTIL:
+        return COMPUTE, (
+            f"{util_txt}, at or above the {_pct(COMPUTE_UTIL)} compute threshold; {data_txt}"
+        )
+    return HOST, (
+        f"{util_txt}, below the {_pct(COMPUTE_UTIL)} compute threshold, and {data_txt} "
+        f"(below {_pct(DATALOADER_FRAC)}): kernels are fed too slowly"
+    )
+
+
+def combine(bounds: Sequence[str]) -> str:
+    """The verdict of several repeat trials: theirs when they agree, else ``mixed``."""
+    unique = set(bounds)
+    if len(unique) == 1:
+        return bounds[0]
+    return MIXED

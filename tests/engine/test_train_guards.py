@@ -1,0 +1,96 @@
+"""Trainer guards: non-finite losses, nbs accumulation, patience, bad inputs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from libreyolo_core import LibreYOLO
+from libreyolo_core.engine.trainer import NonFiniteLossError
+
+TINY = dict(imgsz=96, batch=4, workers=0, epochs=1, val=False, warmup_epochs=0, no_aug_epochs=0)
+
+
+def _poison(steps: set[int] | None):
+    """on_train_start callback: the loss of the listed micro-steps (all if None) becomes NaN."""
+
+    def install(trainer):
+        real = trainer.loss_fn
+        count = {"n": 0}
+
+        def loss(outputs, targets, batch_size):
+            total, items = real(outputs, targets, batch_size)
+            n, count["n"] = count["n"], count["n"] + 1
+            if steps is None or n in steps:
+                total = total * float("nan")
+            return total, items
+
+        loss.item_names = real.item_names
+        trainer.loss_fn = loss
+
+    return install
+
+
+@pytest.mark.slow
+def test_nonfinite_steps_are_skipped_and_counted(sample_yaml, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    model = LibreYOLO("yolo9-t")
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    seen = {}
+    result = model.train(data=sample_yaml, project=tmp_path,
+                         callbacks={"on_train_start": [_poison({0, 1, 2})],
+                                    "on_epoch_end": [lambda t: seen.update(updates=t.ema.updates)]},
+                         **TINY)
+    assert result["nonfinite_skipped"] == 3
+    assert seen["updates"] == 4 - 3  # 16 images / batch 4 = 4 steps, 3 skipped
+    assert "non-finite loss" in caplog.text and "optimizer step skipped" in caplog.text
+    after = model.model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_ten_nonfinite_losses_in_a_row_stop_the_run(sample_yaml, tmp_path):
+    with pytest.raises(NonFiniteLossError, match="amp=False or a lower lr0"):
+        LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path,
+                                   callbacks={"on_train_start": [_poison(None)]},
+                                   **{**TINY, "epochs": 3})
+
+
+@pytest.mark.slow
+def test_nbs_accumulates_micro_batches(sample_yaml, tmp_path):
+    seen = {}
+
+    def grab(trainer):
+        groups = {g["name"]: g for g in trainer.optimizer.param_groups}
+        seen.update(updates=trainer.ema.updates, accumulate=trainer.accumulate,
+                    wd=groups["weights"]["weight_decay"], bn_wd=groups["bn"]["weight_decay"])
+
+    LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, nbs=8, weight_decay=1e-3,
+                               callbacks={"on_epoch_end": [grab]}, **TINY)
+    assert seen["accumulate"] == 2
+    assert seen["updates"] == 2  # 4 micro-batches, 2 optimizer steps
+    assert seen["wd"] == pytest.approx(1e-3)  # scaled by batch * accumulate / nbs = 4 * 2 / 8
+    assert seen["bn_wd"] == 0.0
+
+
+@pytest.mark.slow
+def test_weight_decay_scales_with_nbs(sample_yaml, tmp_path):
+    seen = {}
+
+    def grab(trainer):
+        seen["wd"] = {g["name"]: g for g in trainer.optimizer.param_groups}["weights"]["weight_decay"]
+
+    # batch 4, nbs 6 -> accumulate round(1.5) = 2, decay * 4 * 2 / 6
+    LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, nbs=6, weight_decay=1e-3,
+                               callbacks={"on_epoch_end": [grab]}, **TINY)
+    assert seen["wd"] == pytest.approx(1e-3 * 8 / 6)
+
+
+def test_missing_data_is_named(tmp_path):
+    from libreyolo_core.data.config import DataConfigError
+
+    with pytest.raises((DataConfigError, FileNotFoundError), match="nope.yaml"):
+        LibreYOLO("yolo9-t").train(data=tmp_path / "nope.yaml", project=tmp_path, **TINY)
