@@ -11,7 +11,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --upgrade pip
 	# torch/torchvision: plain pip takes the local wheels (no CUDA download)
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install -e '.[dev]'
@@ -23,8 +22,9 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
 
+# the service end to end: `libreyolo-service up`, a train and a profile job through the SDK
 demo: setup
-	$(BIN)/python -m libreyolo_core.demo $(if $(DATA),--data $(DATA),)
+	$(BIN)/python -m libreyolo_client.demo $(if $(DATA),--data $(DATA),)
 
 bench: setup
 	$(BIN)/python bench/data_throughput.py

@@ -104,7 +104,7 @@ class LibreYOLO:
     # -- training -----------------------------------------------------------------------
     def train(
         self,
-        data: str | Path,
+        data: str | Path | None = None,
         callbacks: dict[str, list[Callable]] | None = None,
         **overrides: Any,
     ) -> dict[str, Any]:
@@ -126,6 +126,8 @@ class LibreYOLO:
         from libreyolo_core.data.config import load_data_config
         from libreyolo_core.engine.trainer import Trainer
 
+        if data is None:
+            data = self._resume_data(overrides.get("resume"), overrides.get("project", "runs/train"))
         cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
         names = load_data_config(cfg.data).names
         if len(names) != self.nc:
@@ -144,6 +146,18 @@ class LibreYOLO:
         self.imgsz = cfg.imgsz
         self.model.eval()
         return result
+
+    @staticmethod
+    def _resume_data(resume: Any, project: str) -> str:
+        """The dataset of the checkpoint a ``resume`` continues (``data`` may be omitted then)."""
+        from libreyolo_core.config import TrainConfig
+        from libreyolo_core.engine.rundir import latest_last_checkpoint
+
+        flag = TrainConfig._resume(resume) if resume is not None else False
+        if not flag:
+            raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+        path = latest_last_checkpoint(project) if flag is True else Path(str(flag))
+        return str(load_checkpoint(path).get("config", {}).get("data") or "")
 
     # -- validation -----------------------------------------------------------------------
     def val(

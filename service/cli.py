@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from libreyolo_client.cli import jobs_app
 from service.settings import Settings
 
 __all__ = ["main", "app"]
@@ -28,6 +29,7 @@ db_app = typer.Typer(help="database commands", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(jobs_app, name="jobs")
 
 
 def _settings() -> Settings:

@@ -1,0 +1,54 @@
+"""Python SDK of the LibreYOLO training service (httpx + pydantic; no torch).
+
+Example::
+
+    from libreyolo_client import Client
+
+    with Client() as c:                     # URL and token from LIBREYOLO_URL/_TOKEN or
+        job = c.train(model="yolo9-t",      # the file `libreyolo-service up` writes
+                      data="/data/coco128/coco128.yaml", epochs=10, imgsz=320)
+        info = job.wait(progress=True)      # follows the event stream; JobFailed on failure
+        print(job.metrics["mAP50-95"])
+        job.download("weights/best.pt", "models/")
+"""
+
+from libreyolo_client._async import AsyncClient, AsyncJob
+from libreyolo_client._client import Client, Job
+from libreyolo_client._errors import (
+    APIError,
+    AuthError,
+    ChecksumError,
+    Conflict,
+    JobCancelled,
+    JobError,
+    JobFailed,
+    LibreYOLOError,
+    NotFound,
+    ServiceUnavailable,
+    ValidationError,
+    WaitTimeout,
+)
+from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo
+
+__all__ = [
+    "APIError",
+    "ArtifactInfo",
+    "AsyncClient",
+    "AsyncJob",
+    "AuthError",
+    "ChecksumError",
+    "Client",
+    "Conflict",
+    "DatasetInfo",
+    "Event",
+    "Job",
+    "JobCancelled",
+    "JobError",
+    "JobFailed",
+    "JobInfo",
+    "LibreYOLOError",
+    "NotFound",
+    "ServiceUnavailable",
+    "ValidationError",
+    "WaitTimeout",
+]

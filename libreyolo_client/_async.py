@@ -1,0 +1,287 @@
+"""``AsyncClient`` and ``AsyncJob``: the asyncio twin of :mod:`libreyolo_client._client`.
+
+Same arguments, same errors, same retry rules; request building and reply parsing come
+from the shared :class:`~libreyolo_client._client._Base`. Dataset upload and log following
+are sync-only (use :class:`~libreyolo_client.Client` for those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from libreyolo_client._client import (
+    DEFAULT_TIMEOUT,
+    FOLLOW_GIVE_UP_S,
+    RETRY_STATUSES,
+    SSE_FAILURES_BEFORE_POLLING,
+    _Base,
+    _check_deadline,
+    _request_of,
+    _sha256,
+)
+from libreyolo_client._errors import (
+    ChecksumError,
+    Conflict,
+    JobCancelled,
+    JobFailed,
+    ServiceUnavailable,
+    error_from_response,
+)
+from libreyolo_client._models import ArtifactInfo, Event, JobInfo
+from libreyolo_client._sse import aparse_sse
+
+__all__ = ["AsyncClient", "AsyncJob"]
+
+
+class AsyncClient(_Base):
+    """Asyncio client; arguments as :class:`~libreyolo_client.Client`.
+
+    Example::
+
+        async with AsyncClient() as c:
+            job = await c.train(model="yolo9-t", data="/data/coco128.yaml", epochs=3)
+            info = await job.wait()
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT, retries: int = 5,
+                 backoff_s: float = 0.5, credentials_path: str | os.PathLike[str] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(url, token, timeout=timeout, retries=retries, backoff_s=backoff_s,
+                         credentials_path=credentials_path)
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers(),
+                                       timeout=self.timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, *, idempotent: bool = True,
+                       **kw: Any) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                r = await self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise self._unavailable(exc, _request_of(exc)) from exc
+            else:
+                if r.status_code not in RETRY_STATUSES or not idempotent \
+                        or attempt >= self.retries:
+                    return self._check(r)
+            await asyncio.sleep(self._delay(attempt))
+            attempt += 1
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        return (await self._request(method, path, **kw)).json()
+
+    async def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
+                     gpus: int | None = None, procs: int = 1, priority: int = 0,
+                     time_budget_s: float | None = None, idempotency_key: str | None = None,
+                     params: dict[str, Any] | None = None) -> AsyncJob:
+        """See :meth:`Client.submit`."""
+        body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
+                              dict(params or {}))
+        key = idempotency_key or uuid.uuid4().hex
+        info = await self._json("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
+        return AsyncJob(self, JobInfo.model_validate(info))
+
+    async def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
+                    gpus: int | None = None, **kw: Any) -> AsyncJob:
+        """See :meth:`Client.train` (``procs``, ``priority``, ``time_budget_s`` and
+        ``idempotency_key`` are options; every other keyword is a training key)."""
+        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
+                if k in kw}
+        return await self.submit("train", model, data, gpus=gpus, params=kw, **opts)
+
+    async def profile(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
+                      gpus: int | None = None, **kw: Any) -> AsyncJob:
+        """See :meth:`Client.profile`."""
+        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
+                if k in kw}
+        return await self.submit("profile", model, data, gpus=gpus, params=kw, **opts)
+
+    async def job(self, job_id: str) -> AsyncJob:
+        """See :meth:`Client.job`."""
+        return AsyncJob(self, JobInfo.model_validate(await self._json("GET",
+                                                                      f"/v1/jobs/{job_id}")))
+
+    async def jobs(self, status: str | list[str] | None = None, kind: str | None = None,
+                   limit: int = 50) -> list[AsyncJob]:
+        """Your newest ``limit`` (at most 200) jobs; see :meth:`Client.jobs`."""
+        q: dict[str, Any] = {"limit": max(1, min(200, limit))}
+        if status:
+            q["status"] = status if isinstance(status, str) else ",".join(status)
+        if kind:
+            q["kind"] = kind
+        page = await self._json("GET", "/v1/jobs", params=q)
+        return [AsyncJob(self, JobInfo.model_validate(j)) for j in page["data"]]
+
+    async def cancel(self, job_id: str) -> JobInfo:
+        """See :meth:`Client.cancel`."""
+        try:
+            return JobInfo.model_validate(await self._json("POST", f"/v1/jobs/{job_id}/cancel"))
+        except Conflict as exc:
+            if exc.problem.get("status_now") == "cancelled":
+                return (await self.job(job_id)).info
+            raise
+
+
+class AsyncJob:
+    """Async twin of :class:`~libreyolo_client.Job`."""
+
+    def __init__(self, client: AsyncClient, info: JobInfo):
+        self._client, self.id, self.info = client, info.id, info
+
+    def __repr__(self) -> str:
+        return f"<AsyncJob {self.id} {self.info.kind} {self.info.model} {self.info.status}>"
+
+    @property
+    def status(self) -> str:
+        return self.info.status
+
+    @property
+    def page_url(self) -> str:
+        return self._client.page_url(self.id)
+
+    async def refresh(self) -> JobInfo:
+        """Read the job again."""
+        self.info = JobInfo.model_validate(await self._client._json("GET", f"/v1/jobs/{self.id}"))
+        return self.info
+
+    async def cancel(self) -> JobInfo:
+        """Cancel the job."""
+        self.info = await self._client.cancel(self.id)
+        return self.info
+
+    async def artifacts(self) -> list[ArtifactInfo]:
+        """See :meth:`Job.artifacts`."""
+        page = await self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
+        return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    async def events(self, after: int = 0, *, timeout: float | None = None
+                     ) -> AsyncIterator[Event]:
+        """Follow the job's events to the end; see :meth:`Job.events`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last, failures, since_ok = after, 0, time.monotonic()
+        c = self._client
+        while True:
+            if failures >= SSE_FAILURES_BEFORE_POLLING:
+                async for ev in self._poll(last, deadline):
+                    yield ev
+                return
+            try:
+                got = False
+                async with c._http.stream(
+                        "GET", f"/v1/jobs/{self.id}/events/stream",
+                        headers={"Accept": "text/event-stream", "Last-Event-ID": str(last)},
+                        timeout=httpx.Timeout(10.0, read=60.0)) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        raise error_from_response(r)
+                    async for sse in aparse_sse(r.aiter_lines()):
+                        if sse.event == "end":
+                            return
+                        if not sse.data or sse.event not in ("log", "metric", "status",
+                                                             "artifact"):
+                            continue
+                        ev = Event.model_validate_json(sse.data)
+                        got, failures, since_ok = True, 0, time.monotonic()
+                        if ev.seq > last:
+                            last = ev.seq
+                            yield ev
+                        _check_deadline(deadline, self)  # type: ignore[arg-type]
+                if not got:
+                    failures += 1
+                    await asyncio.sleep(c._delay(failures - 1))
+            except (httpx.TransportError, ServiceUnavailable) as exc:
+                failures += 1
+                if time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
+                    raise c._unavailable(exc, None) from exc
+                await asyncio.sleep(c._delay(failures - 1))
+            _check_deadline(deadline, self)  # type: ignore[arg-type]
+
+    async def _poll(self, after: int, deadline: float | None) -> AsyncIterator[Event]:
+        last = after
+        while True:
+            page = await self._client._json("GET", f"/v1/jobs/{self.id}/events",
+                                            params={"after": last, "limit": 1000})
+            for e in page["data"]:
+                ev = Event.model_validate(e)
+                if ev.seq > last:
+                    last = ev.seq
+                    yield ev
+            if page.get("done"):
+                return
+            if not page["data"]:
+                _check_deadline(deadline, self)  # type: ignore[arg-type]
+                await asyncio.sleep(1.0)
+
+    async def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True
+                   ) -> JobInfo:
+        """See :meth:`Job.wait`."""
+        async for _ in self.events(timeout=timeout):
+            pass
+        info = await self.refresh()
+        while not info.done:
+            await asyncio.sleep(0.5)
+            info = await self.refresh()
+        if raise_on_failure and info.status == "failed":
+            raise JobFailed(info)
+        if raise_on_failure and info.status == "cancelled":
+            raise JobCancelled(info)
+        return info
+
+    async def download(self, path: str = "weights/best.pt",
+                       dest: str | os.PathLike[str] | None = None) -> Path:
+        """Download one artifact with Range resume and a sha256 check; see
+        :meth:`Job.download`."""
+        c = self._client
+        target = c._dest(path, dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        url = f"/v1/jobs/{self.id}/artifacts/{path}"
+        fresh, attempt = 0, 0
+        while True:
+            offset = part.stat().st_size if part.exists() else 0
+            try:
+                async with c._http.stream("GET", url, headers={"Range": f"bytes={offset}-"}
+                                          if offset else {}) as r:
+                    if r.status_code == 416:
+                        await r.aread()
+                        part.unlink(missing_ok=True)
+                        continue
+                    if r.status_code >= 400:
+                        await r.aread()
+                        raise error_from_response(r)
+                    expected = r.headers.get("x-content-sha256")
+                    with open(part, "ab" if r.status_code == 206 else "wb") as f:
+                        async for chunk in r.aiter_bytes():
+                            f.write(chunk)
+            except (httpx.TransportError, ServiceUnavailable) as exc:
+                if attempt >= c.retries:
+                    raise c._unavailable(exc, None) from exc
+                await asyncio.sleep(c._delay(attempt))
+                attempt += 1
+                continue
+            if expected is None or _sha256(part) == expected:
+                os.replace(part, target)
+                return target
+            part.unlink(missing_ok=True)
+            if fresh:
+                raise ChecksumError(f"{path} of job {self.id}: sha256 differs from {expected}")
+            fresh += 1

@@ -1,0 +1,770 @@
+"""``Client`` and ``Job``: the synchronous SDK over httpx.
+
+Everything that does no I/O (URLs, headers, request bodies, parsing replies, retry
+decisions) lives in :class:`_Base`, so the async twin (``libreyolo_client._async``)
+only sends and awaits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import tempfile
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from libreyolo_client import _config
+from libreyolo_client._errors import (
+    APIError,
+    ChecksumError,
+    Conflict,
+    JobCancelled,
+    JobFailed,
+    ServiceUnavailable,
+    WaitTimeout,
+    error_from_response,
+)
+from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo
+from libreyolo_client._progress import EventPrinter
+from libreyolo_client._sse import parse_sse
+
+__all__ = ["Client", "Job", "DEFAULT_TIMEOUT"]
+
+#: seconds per phase; reads are long because a dataset upload waits for the scan.
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+RETRY_STATUSES = frozenset({502, 503, 504})
+#: give up following a job when the service has not answered for this long (seconds).
+FOLLOW_GIVE_UP_S = 300.0
+#: consecutive SSE failures before following falls back to polling ``/events``.
+SSE_FAILURES_BEFORE_POLLING = 3
+CHUNK = 1 << 20
+
+ProgressFn = Callable[[int, int | None], None]
+EventFn = Callable[[Event], None]
+
+
+class _Base:
+    """Configuration and everything without I/O, shared by the sync and async clients."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT, retries: int = 5,
+                 backoff_s: float = 0.5, credentials_path: str | os.PathLike[str] | None = None):
+        if not (timeout is None or isinstance(timeout, int | float | httpx.Timeout)):
+            raise TypeError(f"timeout must be float | httpx.Timeout | None, not "
+                            f"{type(timeout).__name__}")
+        self.url, self.token = _config.resolve(url, token, credentials_path)
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) or timeout is None \
+            else httpx.Timeout(float(timeout))
+        self.retries = max(0, int(retries))
+        self.backoff_s = float(backoff_s)
+
+    # -- requests ---------------------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        h = {"User-Agent": "libreyolo-client/0.1", "Accept": "application/json"}
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
+        return min(8.0, self.backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
+
+    @staticmethod
+    def _data_ref(data: str | os.PathLike[str]) -> str:
+        """A dataset id as is; a local path that exists made absolute (the API wants an
+        absolute yaml path that its workers can read)."""
+        s = os.fspath(data)
+        if os.path.exists(s):
+            return str(Path(s).resolve())
+        return s
+
+    def _job_body(self, kind: str, model: str, data: str | os.PathLike[str], gpus: int | None,
+                  procs: int, priority: int, time_budget_s: float | None,
+                  params: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {"kind": kind, "model": model, "data": self._data_ref(data),
+                                "params": params, "procs": procs, "priority": priority}
+        if gpus is not None:
+            body["gpus"] = gpus
+        if time_budget_s is not None:
+            body["time_budget_s"] = time_budget_s
+        return body
+
+    @staticmethod
+    def _check(r: httpx.Response) -> httpx.Response:
+        if r.status_code >= 400:
+            raise error_from_response(r)
+        return r
+
+    @staticmethod
+    def _unavailable(exc: Exception, request: httpx.Request | None) -> ServiceUnavailable:
+        where = f" ({request.method} {request.url})" if request is not None else ""
+        return ServiceUnavailable(0, f"no answer from the service{where}: "
+                                  f"{type(exc).__name__}: {exc}", request=request)
+
+    @staticmethod
+    def _dest(path: str, dest: str | os.PathLike[str] | None) -> Path:
+        name = Path(path).name
+        if dest is None:
+            return Path.cwd() / name
+        d = Path(dest).expanduser()
+        if d.is_dir() or os.fspath(dest).endswith(("/", os.sep)):
+            return d / name
+        return d
+
+    def page_url(self, job_id: str) -> str:
+        """The job's page in the browser."""
+        return f"{self.url}/jobs/{job_id}"
+
+
+def _zip_folder(folder: Path) -> Path:
+    """Zip a dataset folder to a temporary file (label caches left out). Caller deletes it."""
+    fd, name = tempfile.mkstemp(prefix=f"{folder.name}-", suffix=".zip")
+    os.close(fd)
+    with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and not p.is_symlink() and not p.name.endswith(".cache"):
+                zf.write(p, p.relative_to(folder).as_posix())
+    return Path(name)
+
+
+class Client(_Base):
+    """Talks to a LibreYOLO training service.
+
+    Args:
+        url: e.g. ``http://127.0.0.1:8000``; default ``LIBREYOLO_URL``, then the
+            credentials file written by ``libreyolo-service up``, then that address.
+        token: bearer token; default ``LIBREYOLO_TOKEN``, then the credentials file.
+        timeout: seconds per phase (float, :class:`httpx.Timeout`, or None for none).
+        retries: retries of idempotent calls (reads, cancel, submits with their
+            Idempotency-Key) on connection errors and 502/503/504, with exponential backoff.
+        backoff_s: first retry delay in seconds (doubles each time, at most 8 s).
+        credentials_path: read this credentials file instead of the default.
+        transport: an httpx transport (e.g. ``httpx.MockTransport`` in tests).
+
+    Use as a context manager, or call :meth:`close`.
+
+    Example::
+
+        with Client() as c:
+            job = c.train(model="yolo9-t", data="/data/coco128.yaml", epochs=10, imgsz=320)
+            job.wait(progress=True)
+            job.download("weights/best.pt", "models/")
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, *,
+                 timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT, retries: int = 5,
+                 backoff_s: float = 0.5, credentials_path: str | os.PathLike[str] | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        super().__init__(url, token, timeout=timeout, retries=retries, backoff_s=backoff_s,
+                         credentials_path=credentials_path)
+        self._http = httpx.Client(base_url=self.url, headers=self._headers(),
+                                  timeout=self.timeout, transport=transport)
+
+    # -- lifecycle --------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection pool. The client cannot be used afterwards."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # -- transport with retries ---------------------------------------------------------
+    def _request(self, method: str, path: str, *, idempotent: bool = True,
+                 **kw: Any) -> httpx.Response:
+        """Send with retries (idempotent calls only) and raise typed errors.
+
+        Raises:
+            ServiceUnavailable: no answer, or 502/503/504, after the retries.
+            APIError: (subclasses) any other error status.
+        """
+        attempt = 0
+        while True:
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise self._unavailable(exc, _request_of(exc)) from exc
+            else:
+                if r.status_code not in RETRY_STATUSES or not idempotent \
+                        or attempt >= self.retries:
+                    return self._check(r)
+            time.sleep(self._delay(attempt))
+            attempt += 1
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        return self._request(method, path, **kw).json()
+
+    # -- service ----------------------------------------------------------------------
+    def health(self) -> bool:
+        """True when ``/healthz`` answers 200 (no retries, no token needed)."""
+        try:
+            return self._http.get("/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until ``/healthz`` answers (e.g. right after ``libreyolo-service up``).
+
+        Raises:
+            ServiceUnavailable: it did not answer within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.health():
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(0, f"{self.url} did not answer /healthz within "
+                                         f"{timeout:g} s")
+            time.sleep(0.25)
+
+    # -- jobs -------------------------------------------------------------------------
+    def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
+               gpus: int | None = None, procs: int = 1, priority: int = 0,
+               time_budget_s: float | None = None, idempotency_key: str | None = None,
+               params: dict[str, Any] | None = None) -> Job:
+        """Submit a ``train`` or ``profile`` job; see :meth:`train`.
+
+        A fresh ``Idempotency-Key`` (or yours) goes with the request and with every retry of
+        it, so a retried submit never makes two jobs.
+        """
+        body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
+                              dict(params or {}))
+        key = idempotency_key or uuid.uuid4().hex
+        info = JobInfo.model_validate(self._json("POST", "/v1/jobs", json=body,
+                                                 headers={"Idempotency-Key": key}))
+        return Job(self, info)
+
+    def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int | None
+              = None, *, procs: int = 1, priority: int = 0, time_budget_s: float | None = None,
+              idempotency_key: str | None = None, **params: Any) -> Job:
+        """Submit a training job.
+
+        Args:
+            model: ``<family>-<size>`` (``yolo9-t``) or ``job:<id>/weights/best.pt``.
+            data: a dataset id (from :meth:`upload_dataset` / :meth:`register_dataset`) or a
+                dataset yaml path the service's workers can read (a local path that exists
+                is made absolute).
+            gpus: 0 (CPU), 1, 2, 4 or 8; None = the service's default.
+            procs: CPU ranks of a ``gpus=0`` job.
+            priority: 0 (default) to 9 (first).
+            time_budget_s: wall-clock limit in seconds; the job fails after it.
+            idempotency_key: reuse one to make a submit safe to repeat yourself.
+            **params: training keys (``epochs=10, imgsz=320, batch=16, lr0=0.01``...).
+
+        Returns:
+            The :class:`Job` (status ``queued``).
+
+        Raises:
+            ValidationError: a bad key or value; ``.field`` names it (``params.imgsz``).
+            AuthError, ServiceUnavailable: see the module docstring.
+        """
+        return self.submit("train", model, data, gpus=gpus, procs=procs, priority=priority,
+                           time_budget_s=time_budget_s, idempotency_key=idempotency_key,
+                           params=params)
+
+    def profile(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int |
+                None = None, *, procs: int = 1, priority: int = 0,
+                time_budget_s: float | None = None, idempotency_key: str | None = None,
+                **params: Any) -> Job:
+        """Submit a profile job (a short measured run; its result holds the ``verdict`` and
+        ``bound_why``, its artifacts ``timeline.html``). Arguments as :meth:`train`."""
+        return self.submit("profile", model, data, gpus=gpus, procs=procs, priority=priority,
+                           time_budget_s=time_budget_s, idempotency_key=idempotency_key,
+                           params=params)
+
+    def job(self, job_id: str) -> Job:
+        """The job ``job_id``.
+
+        Raises:
+            NotFound: no such job, or another user's.
+        """
+        return Job(self, JobInfo.model_validate(self._json("GET", f"/v1/jobs/{job_id}")))
+
+    def jobs(self, status: str | list[str] | None = None, kind: str | None = None,
+             limit: int | None = 50) -> list[Job]:
+        """Your jobs, newest first (admins see everyone's).
+
+        Args:
+            status: one status or several (``["queued", "running"]``).
+            kind: ``train`` or ``profile``.
+            limit: at most this many (None = all, page by page).
+        """
+        params: dict[str, Any] = {}
+        if status:
+            params["status"] = status if isinstance(status, str) else ",".join(status)
+        if kind:
+            params["kind"] = kind
+        out: list[Job] = []
+        cursor = None
+        while True:
+            page_size = 200 if limit is None else max(1, min(200, limit - len(out)))
+            q = {**params, "limit": page_size, **({"cursor": cursor} if cursor else {})}
+            page = self._json("GET", "/v1/jobs", params=q)
+            out += [Job(self, JobInfo.model_validate(j)) for j in page["data"]]
+            cursor = page.get("next_cursor")
+            if not cursor or (limit is not None and len(out) >= limit):
+                return out
+
+    def cancel(self, job_id: str) -> JobInfo:
+        """Cancel a job (queued: at once; running: the engine is stopped, then cancelled).
+
+        Cancelling a cancelled job again returns it.
+
+        Raises:
+            Conflict: the job already succeeded or failed.
+        """
+        try:
+            return JobInfo.model_validate(self._json("POST", f"/v1/jobs/{job_id}/cancel"))
+        except Conflict as exc:
+            if exc.problem.get("status_now") == "cancelled":
+                return self.job(job_id).info
+            raise
+
+    # -- datasets ---------------------------------------------------------------------
+    def register_dataset(self, path: str | os.PathLike[str], name: str | None = None
+                         ) -> DatasetInfo:
+        """Register a dataset yaml at a path the service's workers can read (shared storage).
+
+        Raises:
+            ValidationError: ``field == "path"`` when it is not an existing yaml there.
+        """
+        p = self._data_ref(path)
+        name = name or Path(p).parent.name or Path(p).stem
+        return DatasetInfo.model_validate(self._json(
+            "POST", "/v1/datasets/register", json={"name": name, "path": p}, idempotent=False))
+
+    def upload_dataset(self, path_or_zip: str | os.PathLike[str], name: str | None = None, *,
+                       progress: bool | ProgressFn = False) -> DatasetInfo:
+        """Upload a dataset: a folder (zipped here first) or a ``.zip`` holding a data yaml.
+
+        The zip is streamed in 1 MiB chunks; the service checks it (no ``..``, no absolute
+        paths or symlinks, size caps) and scans the dataset before answering.
+
+        Args:
+            path_or_zip: folder or zip file.
+            name: dataset name (default: the folder or zip name).
+            progress: True prints ``sent/total`` to stderr; or a callable
+                ``(sent_bytes, total_bytes)``.
+
+        Returns:
+            The dataset; pass ``.id`` as ``data=``. ``status == "invalid"`` when the scan
+            failed (see ``.report``).
+
+        Raises:
+            FileNotFoundError: no such folder or file.
+            ValidationError: unsafe zip or no yaml in it (``field == "body"``).
+            APIError: 413 when larger than the service's upload cap.
+        """
+        src = Path(path_or_zip).expanduser()
+        if not src.exists():
+            raise FileNotFoundError(f"dataset {src} does not exist")
+        zipped = _zip_folder(src) if src.is_dir() else src
+        name = name or (src.name if src.is_dir() else src.stem)
+        report = _progress_fn(progress, f"upload {name}")
+        try:
+            total = zipped.stat().st_size
+
+            def body() -> Iterator[bytes]:
+                sent = 0
+                with open(zipped, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        sent += len(chunk)
+                        yield chunk
+                        if report:
+                            report(sent, total)
+
+            r = self._request("POST", "/v1/datasets", params={"name": name}, content=body(),
+                              idempotent=False,
+                              headers={"Content-Type": "application/zip",
+                                       "Content-Length": str(total)},
+                              timeout=httpx.Timeout(600.0, connect=10.0))
+            return DatasetInfo.model_validate(r.json())
+        finally:
+            if zipped is not src:
+                zipped.unlink(missing_ok=True)
+
+    def datasets(self) -> list[DatasetInfo]:
+        """Your datasets, newest first."""
+        return [DatasetInfo.model_validate(d) for d in self._json("GET", "/v1/datasets")["data"]]
+
+
+def _progress_fn(progress: bool | ProgressFn | None, label: str) -> ProgressFn | None:
+    if callable(progress):
+        return progress
+    if not progress:
+        return None
+    import sys
+
+    last = [0.0]
+
+    def show(done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.5 and done != total:
+            return
+        last[0] = now
+        pct = f" ({100 * done / total:.0f}%)" if total else ""
+        sys.stderr.write(f"\r{label}: {done / 2**20:.1f}"
+                         f"{f'/{total / 2**20:.1f}' if total else ''} MiB{pct}")
+        if total and done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+class Job:
+    """A job on the service: a handle holding the id and the last :class:`JobInfo` read.
+
+    Attributes:
+        id: the job id (``j`` + 24 hex digits).
+        info: the job as last read (:meth:`refresh` reads it again).
+    """
+
+    def __init__(self, client: Client, info: JobInfo):
+        self._client = client
+        self.id = info.id
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.info.kind} {self.info.model} {self.info.status}>"
+
+    @property
+    def status(self) -> str:
+        """Status as last read (``queued``, ``running``, ``cancelling``, ``succeeded``...)."""
+        return self.info.status
+
+    @property
+    def page_url(self) -> str:
+        """The job's page in the browser."""
+        return self._client.page_url(self.id)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The result of a finished job (``metrics``, ``best_epoch``; for profile jobs
+        ``verdict`` and ``bound_why``); re-read from the service unless already final.
+        None while the job runs."""
+        if not self.info.done:
+            self.refresh()
+        return self.info.result
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Final metrics (``mAP50``, ``mAP50-95``, ...), or ``{}``."""
+        return dict((self.result or {}).get("metrics") or {})
+
+    def refresh(self) -> JobInfo:
+        """Read the job again; returns (and keeps) the new :class:`JobInfo`."""
+        self.info = JobInfo.model_validate(self._client._json("GET", f"/v1/jobs/{self.id}"))
+        return self.info
+
+    def cancel(self) -> JobInfo:
+        """Cancel the job; see :meth:`Client.cancel`."""
+        self.info = self._client.cancel(self.id)
+        return self.info
+
+    # -- following -------------------------------------------------------------------
+    def events(self, after: int = 0, *, follow: bool = True, timeout: float | None = None
+               ) -> Iterator[Event]:
+        """The job's events in order (``seq`` after ``after``), each once.
+
+        With ``follow`` the iterator follows the Server-Sent Events stream until the job is
+        terminal and every event was delivered; a dropped connection is resumed with
+        ``Last-Event-ID`` (no gap, no duplicate), and after repeated stream failures it
+        falls back to polling ``GET /events``. Without ``follow`` it returns the events
+        stored so far.
+
+        Args:
+            after: start after this ``seq`` (0 = from the first event).
+            follow: keep going until the job ends.
+            timeout: seconds; :class:`WaitTimeout` when the job is still running then.
+
+        Raises:
+            WaitTimeout: ``timeout`` passed.
+            ServiceUnavailable: the service did not answer for ``FOLLOW_GIVE_UP_S`` seconds.
+            NotFound, AuthError: the job is gone or the token is refused.
+        """
+        if not follow:
+            yield from self._poll(after, follow=False, deadline=None)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last, failures, since_ok = after, 0, time.monotonic()
+        while True:
+            if failures >= SSE_FAILURES_BEFORE_POLLING:
+                for ev in self._poll(last, follow=True, deadline=deadline):
+                    yield ev
+                return
+            try:
+                got = False
+                for ev in self._stream(last, deadline):
+                    if ev is None:  # the terminal `end` event
+                        return
+                    got, failures, since_ok = True, 0, time.monotonic()
+                    if ev.seq > last:
+                        last = ev.seq
+                        yield ev
+                # the stream ended without `end` (the API restarted): reconnect
+                if not got:
+                    failures += 1
+                    time.sleep(self._client._delay(failures - 1))
+            except (httpx.TransportError, ServiceUnavailable) as exc:
+                failures += 1
+                if time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
+                    raise self._client._unavailable(exc, None) from exc
+                time.sleep(self._client._delay(failures - 1))
+            _check_deadline(deadline, self)
+
+    def _stream(self, last: int, deadline: float | None) -> Iterator[Event | None]:
+        """One SSE connection: events after ``last``, then None on ``end``."""
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
+        read_s = 60.0 if deadline is None else max(1.0, min(60.0, deadline - time.monotonic()))
+        timeout = httpx.Timeout(10.0, read=read_s)
+        try:
+            with self._client._http.stream("GET", f"/v1/jobs/{self.id}/events/stream",
+                                           headers=headers, timeout=timeout) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise error_from_response(r)
+                if not r.headers.get("content-type", "").startswith("text/event-stream"):
+                    raise ServiceUnavailable(0, "the event stream is not text/event-stream "
+                                             "(a proxy in the way?)")
+                for sse in parse_sse(r.iter_lines()):
+                    if sse.event == "end":
+                        yield None
+                        return
+                    if sse.event in ("log", "metric", "status", "artifact") and sse.data:
+                        yield Event.model_validate_json(sse.data)
+                    _check_deadline(deadline, self)
+        except httpx.ReadTimeout:
+            _check_deadline(deadline, self)
+            raise
+
+    def _poll(self, after: int, *, follow: bool, deadline: float | None) -> Iterator[Event]:
+        """Events by polling ``GET /events?after=`` (1 s between empty pages)."""
+        last, since_ok = after, time.monotonic()
+        while True:
+            try:
+                page = self._client._json("GET", f"/v1/jobs/{self.id}/events",
+                                          params={"after": last, "limit": 1000})
+            except ServiceUnavailable:
+                if not follow or time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
+                    raise
+                time.sleep(1.0)
+                continue
+            since_ok = time.monotonic()
+            for e in page["data"]:
+                ev = Event.model_validate(e)
+                if ev.seq > last:
+                    last = ev.seq
+                    yield ev
+            if page.get("done") or (not follow and not page["data"]):
+                return
+            if not page["data"]:
+                _check_deadline(deadline, self)
+                time.sleep(1.0)
+
+    def wait(self, timeout: float | None = None, *, progress: bool = False,
+             on_event: EventFn | None = None, raise_on_failure: bool = True) -> JobInfo:
+        """Block until the job is terminal, following its event stream.
+
+        Args:
+            timeout: seconds (None = no limit).
+            progress: print status changes, epochs and a live step line to stderr.
+            on_event: called with every :class:`Event` as it arrives.
+            raise_on_failure: raise on ``failed`` / ``cancelled`` (else just return).
+
+        Returns:
+            The final :class:`JobInfo` (also kept in :attr:`info`).
+
+        Raises:
+            JobFailed: the job failed; ``.reason`` and ``.log_tail`` say why.
+            JobCancelled: the job was cancelled.
+            WaitTimeout: ``timeout`` passed first (the job keeps running).
+            ServiceUnavailable: the service stopped answering for long.
+        """
+        printer = EventPrinter(self.id) if progress else None
+        try:
+            for ev in self.events(timeout=timeout):
+                if printer:
+                    printer(ev)
+                if on_event:
+                    on_event(ev)
+        finally:
+            if printer:
+                printer.close()
+        info = self.refresh()
+        deadline = None if timeout is None else time.monotonic() + 30
+        while not info.done:  # `end` came before the row was re-read (replica lag): poll
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"job {self.id} still {info.status}")
+            time.sleep(0.5)
+            info = self.refresh()
+        if raise_on_failure and info.status == "failed":
+            raise JobFailed(info)
+        if raise_on_failure and info.status == "cancelled":
+            raise JobCancelled(info)
+        return info
+
+    def logs(self, *, follow: bool = False, tail: int | None = None,
+             poll_s: float = 1.0) -> Iterator[str]:
+        """The engine's log (``train.log``), line by line.
+
+        Args:
+            follow: keep reading until the job is terminal (like ``tail -f``).
+            tail: start with the last ``tail`` lines only.
+            poll_s: seconds between reads while following.
+
+        Yields:
+            Lines without their line break.
+        """
+        offset, buf = 0, b""
+        if tail:
+            r = self._client._request("GET", f"/v1/jobs/{self.id}/logs", params={"tail": tail})
+            yield from r.text.splitlines()
+            offset = int(r.headers.get("x-log-size", "0"))
+        while True:
+            done = self.refresh().done if follow else True
+            r = self._client._request("GET", f"/v1/jobs/{self.id}/logs",
+                                      params={"offset": offset})
+            data = r.content
+            offset += len(data)
+            size = int(r.headers.get("x-log-size", offset))
+            offset = min(offset, size) if size else offset
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                yield ln.decode("utf-8", "replace").rstrip("\r")
+            if done:
+                if buf:
+                    yield buf.decode("utf-8", "replace")
+                return
+            if not data:
+                time.sleep(poll_s)
+
+    # -- artifacts -------------------------------------------------------------------
+    def artifacts(self) -> list[ArtifactInfo]:
+        """Files of the run directory (path, kind, size_bytes; sha256 once finished)."""
+        page = self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
+        return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    def download(self, path: str = "weights/best.pt", dest: str | os.PathLike[str] | None = None,
+                 *, progress: bool | ProgressFn = False) -> Path:
+        """Download one artifact and check its sha256.
+
+        The file is written to ``<dest>.part`` first; an interrupted download (a lost
+        connection, or an earlier call that died) resumes from the part's size with a
+        ``Range`` request. When the sha256 differs from the one the service recorded, the
+        part is discarded and the file downloaded once more from the start. A ``dest``
+        that already holds the right bytes is kept without downloading.
+
+        Args:
+            path: relative to the run directory, e.g. ``weights/best.pt``, ``timeline.html``.
+            dest: a file path or an existing folder (default: the current folder).
+            progress: True prints bytes to stderr, or a callable ``(done_bytes, total)``.
+
+        Returns:
+            The downloaded file's path.
+
+        Raises:
+            NotFound: no such artifact.
+            ChecksumError: the sha256 still differs after a fresh download.
+            ServiceUnavailable: the service stopped answering (the part is kept to resume).
+        """
+        c = self._client
+        target = c._dest(path, dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        known = {a.path: a for a in self.artifacts()}.get(path)
+        if known and known.sha256 and target.is_file() \
+                and target.stat().st_size == known.size_bytes and _sha256(target) == known.sha256:
+            return target
+        part = target.with_name(target.name + ".part")
+        report = _progress_fn(progress, f"download {path}")
+        fresh_tries, attempt = 0, 0
+        while True:
+            try:
+                expected = self._fetch(path, part, known, report)
+            except (httpx.TransportError, ServiceUnavailable) as exc:
+                if attempt >= c.retries:
+                    raise c._unavailable(exc, None) from exc
+                time.sleep(c._delay(attempt))
+                attempt += 1
+                continue
+            if expected is None or _sha256(part) == expected:
+                os.replace(part, target)
+                return target
+            part.unlink(missing_ok=True)
+            if fresh_tries >= 1:
+                raise ChecksumError(f"{path} of job {self.id}: sha256 differs from {expected} "
+                                    "after a fresh download")
+            fresh_tries += 1
+
+    def _fetch(self, path: str, part: Path, known: ArtifactInfo | None,
+               report: ProgressFn | None) -> str | None:
+        """Fill ``part`` from its current size. Returns the expected sha256 (or None)."""
+        offset = part.stat().st_size if part.exists() else 0
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        url = f"/v1/jobs/{self.id}/artifacts/{path}"
+        with self._client._http.stream("GET", url, headers=headers,
+                                       timeout=httpx.Timeout(30.0, connect=10.0)) as r:
+            if r.status_code == 416:  # the part is already complete (or longer than the file)
+                r.read()
+                if known is not None and offset == known.size_bytes:
+                    return known.sha256
+                part.unlink(missing_ok=True)
+                return self._fetch(path, part, known, report)
+            if r.status_code in RETRY_STATUSES:
+                r.read()
+                raise error_from_response(r)
+            if r.status_code >= 400:
+                r.read()
+                raise error_from_response(r)
+            expected = r.headers.get("x-content-sha256") or (known.sha256 if known else None)
+            if r.status_code == 206:
+                start = r.headers.get("content-range", "").removeprefix("bytes ").split("-")[0]
+                if start != str(offset):
+                    raise APIError(206, f"unexpected Content-Range {r.headers.get('content-range')}")
+                mode, done = "ab", offset
+                total = int(r.headers["content-range"].rsplit("/", 1)[-1] or 0) or None
+            else:
+                mode, done = "wb", 0
+                total = int(r.headers["content-length"]) if "content-length" in r.headers else None
+            with open(part, mode) as f:
+                for chunk in r.iter_bytes():
+                    f.write(chunk)
+                    done += len(chunk)
+                    if report:
+                        report(done, total)
+            if total is not None and done < total:
+                raise httpx.RemoteProtocolError(f"connection closed at {done}/{total} bytes")
+        return expected
+
+
+def _request_of(exc: httpx.HTTPError) -> httpx.Request | None:
+    try:
+        return exc.request
+    except RuntimeError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_deadline(deadline: float | None, job: Job) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise WaitTimeout(f"job {job.id} not finished in time (status {job.info.status}); "
+                          "it keeps running on the service")

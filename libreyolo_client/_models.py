@@ -1,0 +1,92 @@
+"""Typed views of the service's replies (pydantic; unknown fields are kept, not refused)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "TERMINAL_STATUSES"]
+
+#: statuses a job never leaves.
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class JobInfo(_Model):
+    """A job as ``GET /v1/jobs/{id}`` returns it.
+
+    ``progress`` holds the latest epoch, epochs, step, steps, eta_s, losses and metrics;
+    ``result`` (on success) the final ``metrics``, ``best_epoch`` and, for profile jobs,
+    ``verdict`` and ``bound_why``; ``error`` (on failure) ``reason``, ``exit_code`` and
+    ``log_tail``. Times are UTC; ``duration_s`` is in seconds.
+    """
+
+    id: str
+    kind: str
+    model: str
+    data: str
+    params: dict[str, Any] = {}
+    gpus: int = 0
+    procs: int = 1
+    priority: int = 0
+    queue: str = ""
+    status: str
+    attempt: int = 0
+    max_attempts: int = 1
+    cancel_requested: bool = False
+    time_budget_s: float | None = None
+    progress: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the status is terminal (succeeded, failed or cancelled)."""
+        return self.status in TERMINAL_STATUSES
+
+
+class Event(_Model):
+    """One job event: ``seq`` (1, 2, 3... per job), ``time`` (unix seconds), ``kind``
+    (``status``, ``metric``, ``artifact`` or ``log``) and the event's ``data``."""
+
+    seq: int
+    time: float
+    kind: str
+    data: dict[str, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """The engine or service event name (``progress``, ``epoch_end``, ``status``...)."""
+        return str(self.data.get("event", self.kind))
+
+
+class ArtifactInfo(_Model):
+    """A file of a job's run directory. ``sha256`` is None while the job runs."""
+
+    path: str
+    kind: str = "other"
+    size_bytes: int = 0
+    sha256: str | None = None
+    url: str = ""
+
+
+class DatasetInfo(_Model):
+    """A registered or uploaded dataset: ``id`` (pass it as ``data=``), its yaml ``path``
+    on the service, ``status`` (``ready`` or ``invalid``) and the scan ``report``."""
+
+    id: str
+    name: str
+    path: str
+    source: str = ""
+    status: str = ""
+    report: dict[str, Any] | None = None
+    created_at: datetime | None = None

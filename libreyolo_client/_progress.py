@@ -1,0 +1,99 @@
+"""Plain-text progress for terminals and logs (no dependency beyond the standard library)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from libreyolo_client._models import Event
+
+__all__ = ["EventPrinter", "format_bytes", "format_metrics"]
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def format_metrics(metrics: dict | None, keys: tuple[str, ...] = ("mAP50", "mAP50-95")) -> str:
+    """``{'mAP50': 0.5, ...}`` -> ``'mAP50 0.5000  mAP50-95 0.3000'`` (missing keys skipped)."""
+    if not metrics:
+        return ""
+    parts = []
+    for k in keys:
+        v = metrics.get(k, metrics.get(f"metrics/{k}"))
+        if isinstance(v, int | float):
+            parts.append(f"{k} {v:.4f}")
+    return "  ".join(parts)
+
+
+class EventPrinter:
+    """Turns job events into short lines: one per status change and epoch end, and (on a
+    terminal) a live ``epoch 2/5  step 7/16  eta 12s`` line rewritten in place.
+
+    Args:
+        label: prefix of every line, e.g. the job id.
+        stream: where to write (stderr by default).
+        logs: also print the engine's log lines.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, logs: bool = False):
+        self.label, self.stream, self.logs = label, stream or sys.stderr, logs
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._live = False
+        self._last_live = 0.0
+
+    def _line(self, text: str) -> None:
+        if self._live:
+            self.stream.write("\r\033[K")
+            self._live = False
+        self.stream.write(f"[{self.label}] {text}\n")
+        self.stream.flush()
+
+    def __call__(self, ev: Event) -> None:
+        d, name = ev.data, ev.name
+        if ev.kind == "status":
+            if name == "status":
+                extra = {k: v for k, v in d.items() if k not in ("event", "status", "time")}
+                more = "  " + "  ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""
+                self._line(f"status: {d.get('status')}{more}")
+            elif name == "run_end":
+                self._line(f"engine finished: {d.get('status')}")
+        elif name == "epoch_end":
+            losses = d.get("losses") or {}
+            loss = "  ".join(f"{k} {v:.3f}" for k, v in losses.items()
+                             if isinstance(v, int | float))
+            self._line(f"epoch {d.get('epoch')}/{d.get('epochs')}  {loss}  "
+                       f"{format_metrics(d.get('metrics'))}".rstrip())
+        elif name == "progress":
+            now = time.monotonic()
+            if now - self._last_live < (0.2 if self.tty else 15.0):
+                return
+            self._last_live = now
+            eta = d.get("eta_s")
+            eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
+            text = (f"epoch {d.get('epoch')}/{d.get('epochs')}  step {d.get('step')}/"
+                    f"{d.get('steps')}{eta_s}")
+            if not self.tty:
+                self._line(text)
+                return
+            self.stream.write(f"\r\033[K[{self.label}] {text}")
+            self.stream.flush()
+            self._live = True
+        elif name == "profile":
+            self._line(f"profile verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+        elif ev.kind == "log" and self.logs:
+            for ln in d.get("lines") or []:
+                self._line(ln)
+
+    def close(self) -> None:
+        """End a live line, if one is showing."""
+        if self._live:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._live = False

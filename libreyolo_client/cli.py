@@ -1,0 +1,302 @@
+"""``libreyolo-service jobs ...``: the client side of the service in a terminal.
+
+``submit | list | show | logs [-f] | cancel | download | open``. The URL and token come
+from ``--url`` / ``--token``, ``LIBREYOLO_URL`` / ``LIBREYOLO_TOKEN``, or the credentials
+file that ``libreyolo-service up`` writes. Exit codes: 0 ok, 1 error (job failed, service
+error), 2 invalid request (the message names the field).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import webbrowser
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from libreyolo_client._client import Client, Job
+from libreyolo_client._errors import JobError, LibreYOLOError, ValidationError
+from libreyolo_client._models import Event, JobInfo
+from libreyolo_client._progress import format_bytes, format_metrics
+
+__all__ = ["jobs_app", "parse_params"]
+
+jobs_app = typer.Typer(help="submit and follow jobs on a service (the SDK in a terminal)",
+                       no_args_is_help=True, pretty_exceptions_enable=False)
+
+_OPTS: dict[str, Any] = {}
+
+
+@jobs_app.callback()
+def _options(
+    url: Annotated[str | None, typer.Option(envvar="LIBREYOLO_URL",
+                                            help="service URL, e.g. http://127.0.0.1:8000")] = None,
+    token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
+                                              help="bearer token")] = None,
+) -> None:
+    """Talk to a LibreYOLO service (URL and token default to what `up` saved)."""
+    _OPTS.update(url=url, token=token)
+
+
+@contextmanager
+def _client() -> Iterator[Client]:
+    """A client, turning SDK errors into a message and an exit code."""
+    try:
+        with Client(_OPTS.get("url"), _OPTS.get("token")) as c:
+            yield c
+    except ValidationError as exc:
+        typer.secho(f"error: {exc.detail}", fg="red", err=True)
+        if exc.allowed:
+            typer.echo(f"allowed: {exc.allowed}", err=True)
+        raise typer.Exit(2) from None
+    except JobError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except LibreYOLOError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+def _value(raw: str) -> Any:
+    """``'3'`` -> 3, ``'0.5'`` -> 0.5, ``'true'`` -> True, ``'[1,2]'`` -> [1, 2], else str."""
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "imgsz=320"]`` -> ``{"epochs": 3, "imgsz": 320}``.
+
+    Raises:
+        typer.BadParameter: an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r}: training keys are given as key=value "
+                                     "(e.g. epochs=10 imgsz=320)")
+        out[key.strip().lstrip("-")] = _value(raw.strip())
+    return out
+
+
+def _summary(info: JobInfo) -> str:
+    p = info.progress or {}
+    if info.status in ("running", "cancelling") and p.get("epoch"):
+        return f"epoch {p.get('epoch')}/{p.get('epochs')}"
+    if info.status == "succeeded":
+        res = info.result or {}
+        if res.get("verdict"):
+            return f"verdict {res['verdict']}"
+        return format_metrics(res.get("metrics"), ("mAP50-95",))
+    if info.status == "failed":
+        return str((info.error or {}).get("reason", ""))
+    return ""
+
+
+def follow(job: Job, *, logs: bool = False) -> JobInfo:
+    """Follow a job with a progress bar (steps of all epochs) and one line per epoch.
+
+    Raises:
+        JobFailed, JobCancelled: as :meth:`Job.wait`.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.fields[detail]}"), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(f"{job.id} {job.status}", total=None, detail="")
+
+        def on_event(ev: Event) -> None:
+            d, name = ev.data, ev.name
+            if name == "status":
+                bar.update(task, description=f"{job.id} {d.get('status')}")
+                extra = {k: v for k, v in d.items() if k not in ("event", "status", "time")}
+                bar.console.print(f"status: {d.get('status')} "
+                                  + " ".join(f"{k}={v}" for k, v in extra.items()))
+            elif name in ("progress", "epoch_start") and d.get("epochs"):
+                steps = int(d.get("steps") or 1)
+                total = int(d["epochs"]) * steps
+                done = (int(d.get("epoch") or 1) - 1) * steps + int(d.get("step") or 0)
+                bar.update(task, total=total, completed=done,
+                           detail=f"epoch {d.get('epoch')}/{d['epochs']}")
+            elif name == "epoch_end":
+                losses = "  ".join(f"{k} {v:.3f}" for k, v in (d.get("losses") or {}).items()
+                                   if isinstance(v, int | float))
+                bar.console.print(f"epoch {d.get('epoch')}/{d.get('epochs')}  {losses}  "
+                                  f"{format_metrics(d.get('metrics'))}")
+            elif name == "profile":
+                bar.console.print(f"verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+            elif ev.kind == "log" and logs:
+                for ln in d.get("lines") or []:
+                    bar.console.print(ln, markup=False, highlight=False)
+
+        return job.wait(on_event=on_event)
+
+
+def _print_final(info: JobInfo) -> None:
+    res = info.result or {}
+    line = f"{info.id}: {info.status}"
+    if res.get("metrics"):
+        line += "  " + format_metrics(res["metrics"])
+    if res.get("verdict"):
+        line += f"  verdict {res['verdict']}: {res.get('bound_why') or ''}"
+    typer.echo(line)
+
+
+@jobs_app.command("submit")
+def submit(
+    data: Annotated[str, typer.Option("--data", "-d",
+                                      help="dataset id or dataset yaml path")],
+    params: Annotated[list[str] | None, typer.Argument(
+        help="training keys as key=value, e.g. epochs=10 imgsz=320 batch=16")] = None,
+    model: Annotated[str, typer.Option("--model", "-m", help="e.g. yolo9-t")] = "yolo9-t",
+    kind: Annotated[str, typer.Option(help="train or profile")] = "train",
+    gpus: Annotated[int | None, typer.Option(help="0 (CPU), 1, 2, 4 or 8")] = None,
+    priority: Annotated[int, typer.Option(help="0..9")] = 0,
+    time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
+    follow_: Annotated[bool, typer.Option("--follow", "-f",
+                                          help="follow with a progress bar until done")] = False,
+) -> None:
+    """Submit a job and print its id (with -f: follow it to the end)."""
+    with _client() as c:
+        job = c.submit(kind, model, data, gpus=gpus, priority=priority,
+                       time_budget_s=time_budget_s, params=parse_params(params or []))
+        typer.echo(job.id)
+        typer.echo(f"page: {job.page_url}", err=True)
+        if follow_:
+            _print_final(follow(job))
+
+
+@jobs_app.command("list")
+def list_jobs(
+    status: Annotated[str | None, typer.Option(help="e.g. running or queued,running")] = None,
+    kind: Annotated[str | None, typer.Option(help="train or profile")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
+) -> None:
+    """Your jobs, newest first."""
+    with _client() as c:
+        jobs = c.jobs(status=status, kind=kind, limit=limit)
+        if as_json:
+            for j in jobs:
+                typer.echo(j.info.model_dump_json())
+            return
+        typer.echo(f"{'ID':<26} {'KIND':<8} {'MODEL':<9} {'STATUS':<11} {'CREATED':<20} INFO")
+        for j in jobs:
+            i = j.info
+            created = i.created_at.strftime("%Y-%m-%d %H:%M:%S") if i.created_at else ""
+            typer.echo(f"{i.id:<26} {i.kind:<8} {i.model:<9} {i.status:<11} {created:<20} "
+                       f"{_summary(i)}")
+
+
+@jobs_app.command("show")
+def show(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    as_json: Annotated[bool, typer.Option("--json", help="the whole job as JSON")] = False,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="follow until done")] = False,
+) -> None:
+    """A job: status, progress, result (metrics, verdict) or error tail."""
+    with _client() as c:
+        job = c.job(job_id)
+        if follow_ and not job.info.done:
+            follow(job)
+        i = job.info
+        if as_json:
+            typer.echo(i.model_dump_json(indent=2))
+            return
+        typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.model}\n"
+                   f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
+                   f"gpus:     {i.gpus}\nstatus:   {i.status} (attempt {i.attempt}/"
+                   f"{i.max_attempts})")
+        if i.progress and not i.done:
+            p = i.progress
+            typer.echo(f"progress: epoch {p.get('epoch')}/{p.get('epochs')} step "
+                       f"{p.get('step')}/{p.get('steps')} {format_metrics(p.get('metrics'))}")
+        if i.duration_s is not None:
+            typer.echo(f"duration: {i.duration_s:.1f} s")
+        res = i.result or {}
+        if i.status == "succeeded":
+            typer.echo(f"best:     epoch {res.get('best_epoch')}  "
+                       f"{format_metrics(res.get('metrics'))}")
+            if res.get("verdict"):
+                typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
+        if i.error:
+            typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
+            for ln in i.error.get("log_tail") or []:
+                typer.echo(f"    {ln}")
+        typer.echo(f"page:     {job.page_url}")
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    follow_: Annotated[bool, typer.Option("--follow", "-f",
+                                          help="keep printing until the job ends")] = False,
+    tail: Annotated[int | None, typer.Option(help="only the last N lines")] = None,
+) -> None:
+    """The engine's log (stdout and stderr of the run)."""
+    with _client() as c:
+        for line in c.job(job_id).logs(follow=follow_, tail=tail):
+            typer.echo(line)
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
+    """Cancel a job (a running one stops after its engine saved last.pt)."""
+    with _client() as c:
+        info = c.cancel(job_id)
+        typer.echo(f"{info.id}: {info.status}")
+
+
+@jobs_app.command("download")
+def download(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    path: Annotated[str, typer.Argument(help="artifact path in the run directory")]
+    = "weights/best.pt",
+    dest: Annotated[Path | None, typer.Option("--dest", "-o",
+                                              help="file or folder (default: here)")] = None,
+    list_: Annotated[bool, typer.Option("--list", "-l", help="list the artifacts")] = False,
+) -> None:
+    """Download an artifact (resumes an interrupted download; checks its sha256)."""
+    with _client() as c:
+        job = c.job(job_id)
+        if list_:
+            for a in job.artifacts():
+                typer.echo(f"{a.path:<40} {a.kind:<12} {format_bytes(a.size_bytes):>10}  "
+                           f"{a.sha256 or ''}")
+            return
+        out = job.download(path, dest, progress=True)
+        typer.echo(str(out))
+
+
+@jobs_app.command("open")
+def open_job(
+    job_id: Annotated[str, typer.Argument(help="job id")],
+    timeline: Annotated[bool, typer.Option(help="open the profiler timeline instead")] = False,
+) -> None:
+    """Open the job's page (or its profiler timeline) in the browser."""
+    with _client() as c:
+        job = c.job(job_id)
+        if timeline:
+            folder = Path(tempfile.gettempdir()) / "libreyolo" / job.id
+            target = job.download("timeline.html", folder / "timeline.html").resolve()
+            url = target.as_uri()
+        else:
+            url = job.page_url
+        typer.echo(url)
+        if not os.environ.get("LIBREYOLO_NO_BROWSER"):
+            webbrowser.open(url)

@@ -1,0 +1,108 @@
+"""``libreyolo-service jobs ...`` against a real API server (fake engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from libreyolo_client.cli import parse_params
+
+
+@pytest.fixture
+def cli(stack, token):
+    from service.cli import app
+
+    runner = CliRunner()
+    env = {"LIBREYOLO_URL": stack.url, "LIBREYOLO_TOKEN": token, "LIBREYOLO_NO_BROWSER": "1"}
+
+    def run(*args: str):
+        return runner.invoke(app, ["jobs", *args], env=env, catch_exceptions=False)
+
+    return run
+
+
+def test_parse_params():
+    assert parse_params(["epochs=3", "lr0=0.01", "amp=false", "name=x", "mosaic=1.0"]) == {
+        "epochs": 3, "lr0": 0.01, "amp": False, "name": "x", "mosaic": 1.0}
+    import typer
+
+    with pytest.raises(typer.BadParameter):
+        parse_params(["epochs"])
+
+
+def test_submit_follow_show_list_logs_download_open(cli, stack, data_yaml, tmp_path,
+                                                    monkeypatch):
+    r = cli("submit", "--data", data_yaml, "--gpus", "0", "epochs=2", "imgsz=64", "batch=4")
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.strip().splitlines()[0]
+    assert job_id.startswith("j")
+    stack.run_in_background(job_id, FAKE_EPOCH_S="0.2")
+    r = cli("show", job_id, "-f")
+    assert r.exit_code == 0, r.output
+    assert "status:   succeeded" in r.stdout and "mAP50-95 0.1000" in r.stdout
+    assert f"/jobs/{job_id}" in r.stdout
+    shown = json.loads(cli("show", job_id, "--json").stdout)
+    assert shown["status"] == "succeeded"
+    r = cli("list", "--status", "succeeded")
+    assert job_id in r.stdout and "mAP50-95" in r.stdout
+    assert json.loads(cli("list", "--json", "--limit", "1").stdout.splitlines()[0])["id"]
+    logs = cli("logs", job_id).stdout.splitlines()
+    assert logs[-1] == "done"
+    assert cli("logs", job_id, "--tail", "1").stdout.strip() == "done"
+    r = cli("download", job_id, "--list")
+    assert "weights/last.pt" in r.stdout and "timeline.html" in r.stdout
+    r = cli("download", job_id, "weights/last.pt", "-o", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "last.pt").read_text())["epoch"] == 2
+    opened = []
+    monkeypatch.setattr("webbrowser.open", opened.append)
+    monkeypatch.delenv("LIBREYOLO_NO_BROWSER", raising=False)
+    r = cli("open", job_id)
+    assert r.stdout.strip().endswith(f"/jobs/{job_id}")
+    r = cli("open", job_id, "--timeline")
+    assert r.exit_code == 0 and r.stdout.strip().startswith("file://")
+    assert r.stdout.strip().endswith("timeline.html")
+
+
+def test_submit_follow_of_a_failing_job_exits_1_with_the_tail(cli, stack, data_yaml):
+    import threading
+
+    def worker_when_queued():
+        import time
+
+        from service.db.models import Job
+
+        for _ in range(200):
+            with stack.sessions() as s:
+                job = s.query(Job).filter(Job.status == "queued",
+                                          Job.data == data_yaml).first()
+                if job:
+                    stack.run_in_background(job.id, FAKE_EXIT="3")
+                    return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=worker_when_queued)
+    t.start()
+    r = cli("submit", "-d", data_yaml, "--gpus", "0", "-f", "epochs=1", "imgsz=64", "batch=4")
+    t.join()
+    assert r.exit_code == 1
+    assert "failed: data error" in r.output and "something broke in the data" in r.output
+
+
+def test_cli_errors_name_the_field_and_cancel(cli, data_yaml):
+    r = cli("submit", "-d", data_yaml, "--gpus", "0", "imgsz=100")
+    assert r.exit_code == 2 and "params.imgsz" in r.output
+    r = cli("show", "j" + "0" * 24)
+    assert r.exit_code == 1 and "not found" in r.output
+    job_id = cli("submit", "-d", data_yaml, "--gpus", "0", "epochs=1").stdout.split()[0]
+    r = cli("cancel", job_id)
+    assert r.exit_code == 0 and r.stdout.strip() == f"{job_id}: cancelled"
+
+
+def test_cli_bad_token(stack):
+    from service.cli import app
+
+    r = CliRunner().invoke(app, ["jobs", "--url", stack.url, "--token", "lyt_bad", "list"])
+    assert r.exit_code == 1 and "401" in r.output

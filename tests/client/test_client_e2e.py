@@ -1,0 +1,104 @@
+"""Real training through the SDK: the API, the runner and the real engine (slow; CPU).
+
+The synthetic-sample run is always part of the slow tests. The coco128 run of issue 8
+(yolo9-t, 2 epochs, imgsz 320: several minutes on 2 CPU cores) runs when
+``LIBREYOLO_E2E_COCO128=1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from testkit import ServerThread, make_user
+
+from libreyolo_client import Client, JobFailed
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def real_stack(tmp_path):
+    """API server on SQLite whose runner starts the real engine (``engine_command=None``)."""
+    from testkit import fresh_database
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    with fresh_database("sqlite", tmp_path) as url:
+        settings = Settings(home=tmp_path / "home", database_url=url, broker_url="memory://",
+                            reaper_enabled=False, sse_poll_s=0.1, lease_s=120, heartbeat_s=2,
+                            poll_interval_s=0.2, engine_python=sys.executable)
+        app = create_app(settings)
+        srv = ServerThread(app).start()
+        srv.settings, srv.sessions = settings, app.state.sessions
+        yield srv
+        srv.stop()
+
+
+def _work(stack, job_id: str) -> threading.Thread:
+    from worker.runner import run_job
+
+    t = threading.Thread(target=run_job, args=(job_id,), daemon=True,
+                         kwargs={"settings": stack.settings, "sessions": stack.sessions})
+    t.start()
+    return t
+
+
+def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path, **params) -> None:
+    _, token = make_user(stack.sessions)
+    with Client(stack.url, token) as c:
+        job = c.train(model="yolo9-t", data=data, gpus=0, **params)
+        worker = _work(stack, job.id)
+        epochs = []
+        info = job.wait(timeout=1800, on_event=lambda e: epochs.append(e.data["epoch"])
+                        if e.name == "epoch_end" else None)
+        worker.join(60)
+        assert info.status == "succeeded" and epochs == list(range(1, params["epochs"] + 1))
+        assert 0.0 <= job.metrics["mAP50-95"] <= 1.0
+        best = job.download("weights/best.pt", tmp_path)
+        sha = {a.path: a.sha256 for a in job.artifacts()}["weights/best.pt"]
+        assert hashlib.sha256(best.read_bytes()).hexdigest() == sha
+
+        from libreyolo_core import LibreYOLO
+
+        preds = LibreYOLO(str(best)).predict(str(image), conf=0.001)
+        assert len(preds) == 1 and preds[0].boxes.shape[1] == 4 and len(preds[0]) > 0
+
+        prof = c.profile(model="yolo9-t", data=data, gpus=0, imgsz=params["imgsz"],
+                         batch=params["batch"], workers=0, epochs=4, profile_warmup=2,
+                         profile_steps=6)
+        _work(stack, prof.id).join(1800)
+        try:
+            prof.wait(timeout=60)
+        except JobFailed as exc:
+            if "not supported" in "\n".join(exc.log_tail):
+                pytest.xfail(f"the engine cannot run profile jobs yet: {exc.log_tail[-1]}")
+            raise
+        res = prof.result or {}
+        assert res.get("verdict") and res.get("bound_why")
+        timeline = prof.download("timeline.html", tmp_path)
+        assert "<html" in timeline.read_text(errors="replace").lower()
+        page = httpx.get(prof.page_url, headers={"Authorization": f"Bearer {token}"})
+        if page.status_code == 404:
+            pytest.xfail("the job pages (issue 9) are not served yet")
+        assert page.status_code == 200
+
+
+def test_sample_dataset_train_then_profile_through_the_sdk(real_stack, sample_yaml, tmp_path):
+    image = next((Path(sample_yaml).parent / "images" / "val").glob("*.jpg"))
+    _train_profile_and_check(real_stack, sample_yaml, image, tmp_path,
+                             epochs=2, imgsz=64, batch=4, workers=0)
+
+
+@pytest.mark.skipif(os.environ.get("LIBREYOLO_E2E_COCO128") != "1",
+                    reason="set LIBREYOLO_E2E_COCO128=1 (several minutes on 2 CPU cores)")
+def test_coco128_train_then_profile_through_the_sdk(real_stack, coco128_dir, tmp_path):
+    image = sorted((coco128_dir / "images" / "train2017").glob("*.jpg"))[0]
+    _train_profile_and_check(real_stack, coco128_dir / "coco128.yaml", image, tmp_path,
+                             epochs=2, imgsz=320, batch=16, workers=2)
