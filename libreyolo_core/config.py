@@ -12,6 +12,7 @@ older LibreYOLO spellings are accepted as aliases (see :data:`ALIASES`).
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -149,6 +150,11 @@ class TrainConfig(BaseModel):
         spec, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
         return f"{spec.name}-{size}"
 
+    @field_validator("data", "project", "name", mode="before")
+    @classmethod
+    def _pathlike(cls, v: Any) -> Any:
+        return os.fspath(v) if isinstance(v, os.PathLike) else v
+
     @field_validator("device", mode="before")
     @classmethod
     def _device(cls, v: Any) -> str:
@@ -196,6 +202,8 @@ class TrainConfig(BaseModel):
     @field_validator("resume", mode="before")
     @classmethod
     def _resume(cls, v: Any) -> Any:
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
         if isinstance(v, str) and v.strip().lower() in {"true", "false", "1", "0", "yes", "no", ""}:
             return v.strip().lower() in {"true", "1", "yes"}
         return v

@@ -130,7 +130,11 @@ class LibreYOLO:
             data = self._resume_data(overrides.get("resume"), overrides.get("project", "runs/train"))
         cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
         names = load_data_config(cfg.data).names
-        if len(names) != self.nc:
+        if self.checkpoint is None:
+            # Fresh weights: build them under the run's seed, so a seeded run repeats.
+            torch.manual_seed(cfg.seed)
+            self.model, self.nc = self.family.build_model(self.size, len(names)), len(names)
+        elif len(names) != self.nc:
             fresh = self.family.build_model(self.size, len(names))
             kept = _transfer(fresh, self.model.state_dict())
             log.info("class count %d -> %d: rebuilt the head, kept %d tensors", self.nc, len(names), kept)

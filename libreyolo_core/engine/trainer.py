@@ -104,6 +104,7 @@ class Trainer:
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.nonfinite_skipped = 0
+        self.nonfinite_streak = 0  # consecutive, across epochs
         self.profiler = None  # set in _setup only when cfg.profile
         self.profile_summary: dict[str, Any] | None = None
         self.profile_only = False
@@ -399,7 +400,6 @@ class Trainer:
         nb = len(loader)
         sums = torch.zeros(len(self.item_names), dtype=torch.float64)
         counted = 0
-        streak = 0
         lr = self.optimizer.param_groups[0]["lr"]
         t_start = time.perf_counter()
         images_seen = 0
@@ -426,7 +426,7 @@ class Trainer:
             values = torch.cat([loss.detach().float().reshape(1), items.float()]).tolist()
             finite = all(math.isfinite(v) for v in values)
             if not finite:
-                streak += 1
+                self.nonfinite_streak += 1
                 self.nonfinite_skipped += 1
                 log.warning("epoch %d step %d: non-finite loss (%s); optimizer step skipped",
                             epoch + 1, i + 1, ", ".join(f"{n}={v:.4g}" for n, v in
@@ -435,13 +435,13 @@ class Trainer:
                 if prof is not None and prof.step_end():
                     self._finish_profile()
                     prof = None
-                if streak >= MAX_NONFINITE_STREAK:
+                if self.nonfinite_streak >= MAX_NONFINITE_STREAK:
                     raise NonFiniteLossError(
-                        f"{streak} non-finite losses in a row at epoch {epoch + 1}: the run diverged; "
+                        f"{self.nonfinite_streak} non-finite losses in a row at epoch {epoch + 1}: the run diverged; "
                         "try amp=False or a lower lr0"
                     )
                 continue
-            streak = 0
+            self.nonfinite_streak = 0
             sums += torch.tensor(values[1:], dtype=torch.float64)
             counted += 1
             if window_end:
