@@ -38,6 +38,7 @@ from libreyolo_core.data.scan import scan_split
 from libreyolo_core.distributed.device import select_device
 from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import load_checkpoint, save_checkpoint
+from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
@@ -186,8 +187,9 @@ class Trainer:
         self.loss_fn = self.family.build_loss(self.model, cfg)
         self.item_names = tuple(self.loss_fn.item_names)
         self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
-        if cfg.cuda_graph and self.device.type != "cuda":
-            log.info("cuda_graph=True ignored on %s: training in eager mode", self.device.type)
+        # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
+        self.cuda_graph = build_cuda_graph_manager(self.model, cfg.cuda_graph, self.device,
+                                                   family=self.spec)
 
         # optimizer, accumulation, schedule
         self.accumulate = accumulate_steps(self.batch, cfg.nbs)
@@ -390,6 +392,8 @@ class Trainer:
                  self.cfg.epochs - epoch)
         if changed:
             self.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
+            if getattr(self, "cuda_graph", None) is not None:
+                self.cuda_graph.invalidate(f"{self.spec.title} changed the network at mosaic close")
 
     def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
         cfg, device, amp = self.cfg, self.device, self.amp
@@ -406,6 +410,7 @@ class Trainer:
         progress = self._progress(epoch, nb)
         self.optimizer.zero_grad(set_to_none=True)
         prof = self.profiler  # None unless profiling: then the loop below takes no detour
+        graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
         for i, batch in enumerate(batches):
             step = epoch * self.steps_per_epoch + i // self.accumulate
@@ -415,15 +420,23 @@ class Trainer:
             with prof.phase("to_device") if prof is not None else _NULL:
                 imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
                 targets = batch.targets.to(device, non_blocking=True)
-            with prof.phase("forward") if prof is not None else _NULL, amp.autocast():
-                outputs = model(imgs)
+            # With a CUDA-graph manager the network replays (or runs eager for other shapes);
+            # the loss is always eager. Graph capture needs autocast's cast cache off.
+            with (prof.phase("forward") if prof is not None else _NULL,
+                  amp.autocast(cache_enabled=graphs is None)):
+                outputs = model(imgs) if graphs is None else graphs(imgs)
                 loss, items = self.loss_fn(outputs, targets, imgs.shape[0])
+            del outputs  # no autograd graph outlives its step (a live one breaks a capture)
             # Summed over the images of the micro-batch (Ultralytics' and YOLOv9's trainers do
             # the same): the lr0 = 0.01 SGD recipes assume it. Micro-batches of an
             # accumulation window add up, so the window acts as one batch of nbs images.
             with prof.phase("backward") if prof is not None else _NULL:
-                amp.scaler.scale(loss * imgs.shape[0]).backward()
+                if graphs is None:
+                    amp.scaler.scale(loss * imgs.shape[0]).backward()
+                else:
+                    graphs.backward(amp.scaler.scale(loss * imgs.shape[0]))
             values = torch.cat([loss.detach().float().reshape(1), items.float()]).tolist()
+            del loss
             finite = all(math.isfinite(v) for v in values)
             if not finite:
                 self.nonfinite_streak += 1
