@@ -116,11 +116,16 @@ def cmd_train(keys: dict[str, Any]) -> int:
             if spec.get(k) not in (None, ""):
                 merged[k] = spec[k]
         keys = {**merged, **keys}
-    cfg = resolve_config(keys)  # validates every key before anything heavy happens
     from libreyolo_core.facade import LibreYOLO
 
-    model = keys.get("model", cfg.model)
-    result = LibreYOLO(model).train(**{k: v for k, v in keys.items() if k != "model"})
+    model = keys.pop("model", None) or "yolo9-t"
+    if str(model).endswith(".pt") or Path(str(model)).is_file():  # fine-tune a checkpoint
+        yolo = LibreYOLO(model)
+        resolve_config({**keys, "model": yolo.name})
+    else:
+        resolve_config({**keys, "model": model})  # every key checked before anything heavy
+        yolo = LibreYOLO(model)
+    result = yolo.train(**keys)
     print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
           f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {result['best_checkpoint']}")
     return EXIT_OK

@@ -19,6 +19,7 @@ from service.queue import create_celery, enqueue
 from service.reaper import reaper_loop
 from service.settings import Settings
 from service.storage import ArtifactStore
+from service.web import install as install_web
 
 __all__ = ["create_app"]
 
@@ -83,4 +84,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(datasets.router)
+    install_web(app)
     return app

@@ -150,6 +150,7 @@ def up(
     url = f"http://{host}:{port}"
     save_credentials(settings.credentials_path, url, token)
     typer.echo(f"API:    {url}  (docs: {url}/docs)")
+    typer.echo(f"jobs:   {url}/jobs  (web pages; sign in with the token)")
     typer.echo(f"token:  {token}")
     typer.echo(f"saved:  {settings.credentials_path}")
     env = {**os.environ, "LIBREYOLO_HOME": str(settings.home),

@@ -23,6 +23,9 @@ def create_celery(settings: Settings) -> Celery:
     Early acknowledgement (``task_acks_late=False``) and prefetch 1: recovery of a dead
     worker comes from the job lease and the reaper, never from broker redelivery (Redis
     would redeliver an unacknowledged 3-hour job every ``visibility_timeout``).
+    (The worker polls the embedded SQLAlchemy broker every ``settings.broker_poll_s``: see
+    ``worker.tasks``; kombu passes every transport option of that transport to
+    ``create_engine``, so the interval cannot go there.)
     """
     app = Celery("libreyolo", broker=settings.broker_url, set_as_current=False)
     options = dict(settings.broker_transport_options)

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     broker_transport_options: dict = Field(
         default_factory=dict, description="extra kombu transport options (JSON)"
     )
+    broker_poll_s: float = Field(
+        0.1, gt=0, description="poll interval of polling brokers (the embedded kombu "
+        "SQLAlchemy transport; kombu's default is 1 s, which is the submit->running latency)"
+    )
     artifact_root: Path | None = Field(None, description="job folders; default <home>/jobs")
     upload_root: Path | None = Field(None, description="dataset uploads; default <home>/datasets")
     credentials_path: Path = Field(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import worker_shutting_down
 
 from service.db.session import make_engine, make_session_factory
@@ -18,7 +18,28 @@ from service.queue import TASK_NAME, create_celery, enqueue
 from service.settings import Settings
 from worker import runner
 
-__all__ = ["create_worker_app"]
+__all__ = ["create_worker_app", "poll_interval_step"]
+
+
+def poll_interval_step(interval_s: float) -> type[bootsteps.StartStopStep]:
+    """A consumer bootstep that sets the broker transport's poll interval to ``interval_s``.
+
+    Polling transports (kombu's SQLAlchemy transport, the embedded default) sleep
+    ``polling_interval`` (1 s by default) after an empty poll, which is the idle worker's
+    submit -> running latency. The interval cannot be a transport option (that transport
+    hands its options to ``create_engine``), so it is set on the transport object once the
+    consumer's connection exists (again after each reconnect).
+    """
+
+    class PollInterval(bootsteps.StartStopStep):
+        requires = {"celery.worker.consumer.connection:Connection"}
+
+        def start(self, c) -> None:
+            transport = getattr(c.connection, "transport", None)
+            if getattr(transport, "polling_interval", None) is not None:
+                transport.polling_interval = interval_s
+
+    return PollInterval
 
 
 def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None) -> Celery:
@@ -45,5 +66,6 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None) 
         stop.set()
 
     worker_shutting_down.connect(on_shutdown, weak=False)
+    app.steps["consumer"].add(poll_interval_step(settings.broker_poll_s))
     app.libreyolo_stop = stop  # type: ignore[attr-defined]
     return app

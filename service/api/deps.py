@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import select
@@ -15,7 +16,8 @@ from service.ops import user_for_token
 from service.settings import Settings
 from service.storage import ArtifactStore
 
-__all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep"]
+__all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "TOKEN_COOKIE",
+           "check_same_origin", "current_user"]
 
 LOCAL_ADMIN = "local"
 
@@ -39,14 +41,48 @@ StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 SessionDep = Annotated[Session, Depends(get_session)]
 
 _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="libreyolo"'}
+#: Cookie the sign-in page sets (HttpOnly, SameSite=Strict): the same token as the bearer one.
+TOKEN_COOKIE = "libreyolo_token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def current_user(session: SessionDep, settings: SettingsDep,
-                 authorization: Annotated[str | None, Header()] = None) -> User:
-    """The user of the bearer token.
+def check_same_origin(request: Request, settings: Settings) -> None:
+    """CSRF guard of cookie-authenticated unsafe requests (POST, PUT, PATCH, DELETE).
+
+    The cookie is ``SameSite=Strict`` already; on top of that the request must come from
+    a page of this service: ``Sec-Fetch-Site`` (when the browser sends it) is
+    ``same-origin``, and the ``Origin`` header (or, without it, the ``Referer``) names this
+    host or one of ``settings.cors_origins``.
 
     Raises:
-        Problem 401: no ``Authorization: Bearer <token>`` header, or an unknown token.
+        Problem 403: cross-site request, or neither ``Origin`` nor ``Referer`` was sent.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise Problem(403, f"cross-site request refused (Sec-Fetch-Site: {site}); "
+                      "cookie sign-in only works from this service's pages")
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if not origin or origin == "null":
+        raise Problem(403, "a cookie-authenticated POST needs an Origin or Referer header "
+                      "(send 'Authorization: Bearer <token>' from scripts)")
+    parts = urlsplit(origin)
+    allowed = {o.rstrip("/") for o in settings.cors_origins}
+    if parts.netloc != request.headers.get("host", "") and \
+            f"{parts.scheme}://{parts.netloc}" not in allowed:
+        raise Problem(403, f"cross-origin request from {parts.scheme}://{parts.netloc} refused")
+
+
+def current_user(request: Request, session: SessionDep, settings: SettingsDep,
+                 authorization: Annotated[str | None, Header()] = None) -> User:
+    """The user of the bearer token, or of the sign-in cookie of the web pages.
+
+    The ``Authorization`` header wins when both are sent. A cookie-authenticated unsafe
+    request must pass :func:`check_same_origin` (CSRF).
+
+    Raises:
+        Problem 401: no ``Authorization: Bearer <token>`` header nor sign-in cookie, or an
+            unknown token.
+        Problem 403: a cookie-authenticated POST from another origin.
     """
     if authorization:
         scheme, _, token = authorization.partition(" ")
@@ -56,6 +92,14 @@ def current_user(session: SessionDep, settings: SettingsDep,
         user = user_for_token(session, token.strip())
         if user is None:
             raise Problem(401, "unknown or revoked token", headers=_UNAUTHORIZED)
+        return user
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    if cookie:
+        if request.method not in SAFE_METHODS:
+            check_same_origin(request, settings)
+        user = user_for_token(session, cookie)
+        if user is None:
+            raise Problem(401, "unknown or revoked token: sign in again", headers=_UNAUTHORIZED)
         return user
     if not settings.require_token:
         user = session.scalar(select(User).where(User.name == LOCAL_ADMIN))

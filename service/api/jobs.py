@@ -60,8 +60,11 @@ def job_public(job: Job) -> JobPublic:
     return out
 
 
-def _validate_params(body: JobCreate, gpus: int) -> dict[str, Any]:
+def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> dict[str, Any]:
     """Validate ``params`` with the engine's TrainConfig; returns the canonical user keys.
+
+    ``family`` (``<family>-<size>``) stands in for ``body.model`` when the model is a
+    checkpoint of an earlier job (its family decides the defaults and the stride rules).
 
     Raises:
         Problem 422: naming ``params.<key>`` (or ``model``) and what is allowed.
@@ -73,7 +76,7 @@ def _validate_params(body: JobCreate, gpus: int) -> dict[str, Any]:
                       if where else f"params.{key}: set by the service, not by the request")
             raise Problem(422, detail, field=f"params.{key}")
     try:
-        cfg = resolve_config({**body.params, "model": body.model})
+        cfg = resolve_config({**body.params, "model": family or body.model})
     except ConfigError as exc:
         field = "model" if exc.key == "model" else f"params.{exc.key}"
         raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
@@ -96,6 +99,62 @@ def _jsonable(value: Any) -> Any:
         return value
     except (TypeError, ValueError):
         return repr(value)
+
+
+#: ``job:<job id>/<artifact path>``: a checkpoint artifact of an earlier job.
+_JOB_MODEL = re.compile(r"job:(?P<job>j[0-9a-f]{24})/(?P<path>.+)")
+_MAX_CHAIN = 32
+
+
+def _family_of(session: SessionDep, store: Any, model: str) -> str | None:
+    """``<family>-<size>`` of a stored job model: a name, or a checkpoint path inside the
+    artifact store (followed back through the jobs that produced it). None if unknown."""
+    for _ in range(_MAX_CHAIN):
+        if not model.startswith("/"):
+            return model
+        try:
+            rel = Path(model).relative_to(store.root)
+        except ValueError:
+            return None
+        parent = session.get(Job, rel.parts[0]) if rel.parts else None
+        if parent is None:
+            return None
+        model = parent.model
+    return None
+
+
+def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
+                   model: str) -> tuple[str, str | None]:
+    """Resolve ``job:<id>/<path>`` to the checkpoint's absolute path in the artifact store.
+
+    Returns:
+        ``(model, family)``: for a reference, the absolute ``.pt`` path and the
+        ``<family>-<size>`` it was trained as; for a name, ``(name, None)``.
+
+    Raises:
+        Problem 422 naming ``model``: a malformed reference, another user's or an unknown
+        job, a path that leaves the job's run directory, or a missing / non-``.pt`` file.
+    """
+    if not model.startswith("job:"):
+        return model, None
+    m = _JOB_MODEL.fullmatch(model)
+    if m is None:
+        raise Problem(422, f"model: {model!r} is not 'job:<job id>/<artifact path>', e.g. "
+                      "'job:j0123456789abcdef01234567/weights/best.pt'", field="model")
+    ref_id, rel = m["job"], m["path"]
+    ref = session.get(Job, ref_id)
+    if ref is None or (ref.owner_id != user.id and not user.is_admin):
+        raise Problem(422, f"model: job {ref_id!r} not found", field="model")
+    if not rel.endswith(".pt"):
+        raise Problem(422, f"model: {rel!r} is not a checkpoint (.pt)", field="model")
+    path = store.resolve(ref_id, rel)
+    if path is None:
+        raise Problem(422, f"model: job {ref_id} has no artifact {rel!r}", field="model")
+    family = _family_of(session, store, ref.model)
+    if family is None:
+        raise Problem(422, f"model: cannot tell the model family of job {ref_id}",
+                      field="model")
+    return str(path), family
 
 
 def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool) -> str:
@@ -122,11 +181,14 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
 )
 def submit_job(
     body: JobCreate, user: CurrentUser, session: SessionDep, settings: SettingsDep,
-    request: Request, response: Response,
+    store: StoreDep, request: Request, response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobPublic:
     """Submit a training or profile job.
 
+    ``model`` is a name (``yolo9-t``) or a checkpoint artifact of one of your earlier jobs,
+    ``job:<job id>/weights/best.pt`` (stored as the checkpoint's path in the artifact
+    store; an unknown job, another user's job or a missing file is a 422 naming ``model``).
     ``params`` are validated by the engine's TrainConfig (an unknown key or bad value is a
     422 whose ``field`` is ``params.<key>``); ``batch`` must divide by the rank count
     (``gpus``, or ``procs`` for a CPU job). Nothing is queued on error. The job row is
@@ -152,9 +214,11 @@ def submit_job(
         if existing is not None:
             response.status_code = 200
             return job_public(existing)
-    params = _validate_params(body, gpus)
+    model, family = _resolve_model(session, user, store, body.model)
+    params = _validate_params(body, gpus, family)
     data = _resolve_data(session, user, body.data, settings.check_data_paths)
-    model = resolve_config({"model": body.model}).model
+    if family is None:
+        model = resolve_config({"model": body.model}).model
     now = utcnow()
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
               gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,

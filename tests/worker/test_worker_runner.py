@@ -250,3 +250,21 @@ def test_kill_leftovers_only_hits_the_job_dir(tmp_path):
         other.kill()
         other.wait()
     assert Path(job_dir).exists() and os.getpid()
+
+
+def test_poll_interval_step_sets_polling_transports_only():
+    """The embedded broker is polled every broker_poll_s (kombu's 1 s default was the
+    idle worker's submit -> running latency); event-driven transports are left alone."""
+    from types import SimpleNamespace
+
+    from worker.tasks import poll_interval_step
+
+    step = poll_interval_step(0.1)
+    polling = SimpleNamespace(connection=SimpleNamespace(
+        transport=SimpleNamespace(polling_interval=1.0)))
+    evented = SimpleNamespace(connection=SimpleNamespace(
+        transport=SimpleNamespace(polling_interval=None)))
+    step.start(step.__new__(step), polling)
+    step.start(step.__new__(step), evented)
+    assert polling.connection.transport.polling_interval == 0.1
+    assert evented.connection.transport.polling_interval is None

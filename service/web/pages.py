@@ -1,0 +1,509 @@
+"""Routes of the browser pages and the HTML fragments their scripts refresh.
+
+Pages: ``/signin``, ``/jobs``, ``/jobs/{id}``, ``/datasets``. Fragments (for the page
+scripts): ``/web/jobs/rows``, ``/web/jobs/{id}/summary``; ``/web/params`` turns the
+submit form's YAML into JSON. The pages read the database directly; what they change
+(submit, cancel) goes through the ``/v1`` API, authenticated by the sign-in cookie.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+import yaml
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import select
+
+from libreyolo_core.models.registry import list_models
+from libreyolo_core.profiler.verdict import LEVERS
+from service.api.deps import (
+    TOKEN_COOKIE,
+    SessionDep,
+    SettingsDep,
+    check_same_origin,
+    current_user,
+)
+from service.api.problems import Problem
+from service.db.models import TERMINAL, Artifact, Dataset, Job, User
+from service.ops import user_for_token
+from service.storage import artifact_kind
+
+__all__ = ["router", "PAGE_CSP"]
+
+router = APIRouter(include_in_schema=False)
+
+#: Sent on every page and fragment: scripts, styles, fetches and SSE from this origin only.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": PAGE_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
+KINDS = ("train", "profile")
+GPU_CHOICES = (0, 1, 2, 4, 8)
+COOKIE_MAX_AGE_S = 14 * 24 * 3600
+PAGE_SIZE = 50
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: Profile figures shown on the verdict card: key, label, formatter.
+PROFILE_FIGURES = (
+    ("step_ms", "step time", lambda v: f"{v:.1f} ms"),
+    ("img_per_s", "throughput", lambda v: f"{v:.1f} img/s"),
+    ("dataload_ms", "data wait", lambda v: f"{v:.1f} ms"),
+    ("dataload_frac", "data wait share", lambda v: f"{100 * v:.0f}%"),
+    ("gpu_util", "GPU utilisation", lambda v: f"{100 * v:.0f}%"),
+    ("gpu_busy_ms_per_step", "GPU busy per step", lambda v: f"{v:.1f} ms"),
+    ("host_overhead_ms_per_step", "host overhead per step", lambda v: f"{v:.1f} ms"),
+    ("kernels_per_step", "kernels per step", lambda v: f"{v:,.0f}"),
+    ("ops_per_step", "CPU ops per step", lambda v: f"{v:,.0f}"),
+    ("cuda_mallocs_per_step", "cudaMalloc/Free per step", lambda v: f"{v:.1f}"),
+    ("peak_vram_mb", "peak VRAM", lambda v: f"{v:,.0f} MB"),
+)
+METRIC_NAMES = ("mAP50", "mAP50-95", "precision", "recall")
+
+
+# ---------------------------------------------------------------- formatting helpers
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``75.2 -> '1 min 15 s'``; an em dash for None."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def fmt_age(dt: datetime | None, now: datetime | None = None) -> str:
+    """How long ago, coarse: ``'12 s ago'``, ``'3 min ago'``, ``'2 h ago'``, ``'4 d ago'``."""
+    dt = _aware(dt)
+    if dt is None:
+        return "—"
+    s = max(0, int(((now or datetime.now(UTC)) - dt).total_seconds()))
+    if s < 60:
+        return f"{s} s ago"
+    if s < 3600:
+        return f"{s // 60} min ago"
+    if s < 86400:
+        return f"{s // 3600} h ago"
+    return f"{s // 86400} d ago"
+
+
+def fmt_bytes(n: int | None) -> str:
+    """``1536 -> '1.5 KiB'``."""
+    if n is None:
+        return "—"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def fmt_metric(v: Any) -> str:
+    """A 0-1 metric with four decimals; anything else as text."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return f"{v:.4f}"
+    return "—" if v is None else str(v)
+
+
+def _iso(dt: datetime | None) -> str:
+    dt = _aware(dt)
+    return dt.isoformat(timespec="seconds") if dt else ""
+
+
+@functools.lru_cache(maxsize=1)
+def _asset_version() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(STATIC_DIR.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _static_url(name: str) -> str:
+    return f"/web/static/{name}?v={_asset_version()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+    env = templates.env
+    env.globals["static"] = _static_url
+    env.filters["duration"] = fmt_duration
+    env.filters["age"] = fmt_age
+    env.filters["bytes"] = fmt_bytes
+    env.filters["metric"] = fmt_metric
+    env.filters["iso"] = _iso
+    return templates
+
+
+def _render(request: Request, name: str, context: dict[str, Any],
+            status_code: int = 200) -> HTMLResponse:
+    response = _templates().TemplateResponse(request, name, context, status_code=status_code)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+# ---------------------------------------------------------------- who is asking
+
+
+def page_user(request: Request, session: SessionDep, settings: SettingsDep) -> User | None:
+    """The signed-in user of a page request (cookie or bearer header), None when anonymous.
+
+    Only used by GET routes, so the CSRF guard of :func:`current_user` never triggers.
+    """
+    try:
+        return current_user(request, session, settings, request.headers.get("authorization"))
+    except Problem as exc:
+        if exc.status == 401:
+            return None
+        raise
+
+
+def _to_signin(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse("/signin?" + urlencode({"next": target}), status_code=303)
+
+
+def _safe_next(value: str | None) -> str:
+    """A local path to go to after sign-in (never another host: ``//evil``, ``/\\evil``)."""
+    if not value or not value.startswith("/") or value.startswith(("//", "/\\")):
+        return "/jobs"
+    return value
+
+
+def _base_context(request: Request, user: User | None, nav: str) -> dict[str, Any]:
+    return {"user": user, "nav": nav,
+            "cookie_session": bool(request.cookies.get(TOKEN_COOKIE))}
+
+
+# ---------------------------------------------------------------- view models
+
+
+def _progress(job: Job) -> tuple[float, str]:
+    """(percent 0-100, text) of a job from its latest progress."""
+    p = job.progress or {}
+    epochs, epoch = p.get("epochs"), p.get("epoch")
+    if job.status == "succeeded":
+        return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
+    if not epochs or not epoch:
+        if job.status == "queued":
+            return 0.0, "waiting"
+        return 0.0, "—" if job.status in TERMINAL else "starting"
+    steps, step = p.get("steps") or 0, p.get("step") or 0
+    frac = (epoch - 1 + (step / steps if steps else 0.0)) / epochs
+    text = f"epoch {epoch}/{epochs}"
+    if steps and job.status not in TERMINAL:
+        text += f" · step {step}/{steps}"
+    return max(0.0, min(100.0, 100.0 * frac)), text
+
+
+def _dataset_names(session: SessionDep, user: User) -> dict[str, str]:
+    stmt = select(Dataset.path, Dataset.name)
+    if not user.is_admin:
+        stmt = stmt.where(Dataset.owner_id == user.id)
+    return {path: name for path, name in session.execute(stmt)}
+
+
+def _dataset_label(data: str, names: dict[str, str]) -> str:
+    if data in names:
+        return names[data]
+    parts = PurePosixPath(data).parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else data
+
+
+def _job_row(job: Job, names: dict[str, str], now: datetime) -> dict[str, Any]:
+    pct, text = _progress(job)
+    started, finished = _aware(job.started_at), _aware(job.finished_at)
+    if started and finished:
+        duration = fmt_duration((finished - started).total_seconds())
+    elif started and job.status not in TERMINAL:
+        duration = fmt_duration((now - started).total_seconds()) + " so far"
+    else:
+        duration = "—"
+    return {"id": job.id, "status": job.status, "kind": job.kind, "model": job.model,
+            "data": job.data, "dataset": _dataset_label(job.data, names),
+            "pct": round(pct), "progress": text, "attempt": job.attempt,
+            "max_attempts": job.max_attempts, "created": _iso(job.created_at),
+            "age": fmt_age(job.created_at, now), "duration": duration}
+
+
+def _list_jobs(session: SessionDep, user: User, status: str | None, kind: str | None,
+               before: str | None) -> tuple[list[Job], str | None]:
+    stmt = select(Job).order_by(Job.id.desc()).limit(PAGE_SIZE + 1)
+    if not user.is_admin:
+        stmt = stmt.where(Job.owner_id == user.id)
+    if status in STATUSES:
+        stmt = stmt.where(Job.status == status)
+    if kind in KINDS:
+        stmt = stmt.where(Job.kind == kind)
+    if before:
+        stmt = stmt.where(Job.id < before)
+    rows = list(session.scalars(stmt))
+    older = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
+    return rows[:PAGE_SIZE], older
+
+
+def _rows_context(session: SessionDep, user: User, status: str | None, kind: str | None,
+                  before: str | None) -> dict[str, Any]:
+    jobs, older = _list_jobs(session, user, status, kind, before)
+    names = _dataset_names(session, user)
+    now = datetime.now(UTC)
+    query = {k: v for k, v in (("status", status), ("kind", kind)) if v}
+    return {"rows": [_job_row(j, names, now) for j in jobs],
+            "filtered": bool(query), "status": status or "", "kind": kind or "",
+            "older_url": f"/jobs?{urlencode({**query, 'before': older})}" if older else None,
+            "rows_url": "/web/jobs/rows" + (f"?{urlencode(query)}" if query else ""),
+            "updated": now.strftime("%H:%M:%S")}
+
+
+def _owned(session: SessionDep, user: User, job_id: str) -> Job | None:
+    job = session.get(Job, job_id)
+    if job is None or (job.owner_id != user.id and not user.is_admin):
+        return None
+    return job
+
+
+def _artifacts(request: Request, session: SessionDep, job: Job) -> list[dict[str, Any]]:
+    url = f"/v1/jobs/{job.id}/artifacts/"
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id)
+                           .order_by(Artifact.path)).all()
+    if rows:
+        return [{"path": a.path, "kind": a.kind, "size": a.size_bytes, "sha256": a.sha256,
+                 "url": url + a.path} for a in rows]
+    store = request.app.state.store
+    return [{"path": rel, "kind": artifact_kind(rel), "size": p.stat().st_size, "sha256": None,
+             "url": url + rel} for rel, p in store.list_files(job.id)]
+
+
+def _summary_context(request: Request, session: SessionDep, user: User, job: Job
+                     ) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    names = _dataset_names(session, user)
+    artifacts = _artifacts(request, session, job)
+    result = job.result or {}
+    profile = result.get("profile") or {}
+    verdict = None
+    if result.get("verdict"):
+        figures = [(label, fmt(profile[key])) for key, label, fmt in PROFILE_FIGURES
+                   if isinstance(profile.get(key), int | float)]
+        timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
+        verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
+                   "lever": LEVERS.get(str(result["verdict"])), "figures": figures,
+                   "timeline_url": timeline["url"] if timeline else None}
+    metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
+    shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
+    error = job.error or None
+    return {"job": job, "row": _job_row(job, names, now), "artifacts": artifacts,
+            "result": result if job.result is not None else None, "metrics": shown,
+            "verdict": verdict, "error": error, "cancellable": job.status in ("queued",
+                                                                               "running"),
+            "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True)}
+
+
+# ---------------------------------------------------------------- pages
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    """The jobs page."""
+    return RedirectResponse("/jobs", status_code=303)
+
+
+@router.get("/signin", response_class=HTMLResponse)
+def signin_page(request: Request, session: SessionDep, settings: SettingsDep,
+                next: Annotated[str | None, Query()] = None) -> Response:
+    """Sign-in form: paste an API token (``libreyolo-service token create``)."""
+    user = page_user(request, session, settings)
+    if user is not None and request.cookies.get(TOKEN_COOKIE):
+        return RedirectResponse(_safe_next(next), status_code=303)
+    return _render(request, "signin.html", {**_base_context(request, None, "signin"),
+                                            "next": _safe_next(next), "error": None})
+
+
+@router.post("/signin", response_class=HTMLResponse)
+async def signin(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    """Check the pasted token and keep it in an HttpOnly, SameSite=Strict cookie.
+
+    Form fields: ``token``, ``next`` (a local path to go to). A bad token re-renders the
+    form with the error next to the field (401). Cross-origin posts are refused (403).
+    """
+    check_same_origin(request, settings)
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    token = (form.get("token") or [""])[0].strip()
+    target = _safe_next((form.get("next") or [""])[0])
+    user = user_for_token(session, token) if token else None
+    if user is None:
+        error = "unknown or revoked token" if token else "paste your API token"
+        return _render(request, "signin.html", {**_base_context(request, None, "signin"),
+                                                "next": target, "error": error},
+                       status_code=401)
+    response = RedirectResponse(target, status_code=303)
+    secure = request.url.scheme == "https" or \
+        request.headers.get("x-forwarded-proto", "").split(",")[0].strip() == "https"
+    response.set_cookie(TOKEN_COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/",
+                        httponly=True, samesite="strict", secure=secure)
+    return response
+
+
+@router.post("/signout")
+def signout(request: Request, settings: SettingsDep) -> RedirectResponse:
+    """Forget the sign-in cookie; back to the sign-in page."""
+    check_same_origin(request, settings)
+    response = RedirectResponse("/signin", status_code=303)
+    response.delete_cookie(TOKEN_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
+              status: Annotated[str | None, Query()] = None,
+              kind: Annotated[str | None, Query()] = None,
+              before: Annotated[str | None, Query()] = None) -> Response:
+    """Your jobs (filters by status and kind, auto-refresh) and the submit form."""
+    user = page_user(request, session, settings)
+    if user is None:
+        return _to_signin(request)
+    stmt = select(Dataset).order_by(Dataset.id.desc())
+    if not user.is_admin:
+        stmt = stmt.where(Dataset.owner_id == user.id)
+    datasets = list(session.scalars(stmt))
+    ctx = _rows_context(session, user, status if status in STATUSES else None,
+                        kind if kind in KINDS else None, before)
+    return _render(request, "jobs.html", {
+        **_base_context(request, user, "jobs"), **ctx, "statuses": STATUSES, "kinds": KINDS,
+        "models": list_models(), "datasets": datasets, "gpu_choices": GPU_CHOICES,
+        "default_gpus": settings.default_gpus, "before": before})
+
+
+@router.get("/web/jobs/rows", response_class=HTMLResponse)
+def jobs_rows(request: Request, session: SessionDep, settings: SettingsDep,
+              status: Annotated[str | None, Query()] = None,
+              kind: Annotated[str | None, Query()] = None) -> Response:
+    """The ``<tbody>`` rows of the jobs table (the page's auto-refresh).
+
+    Raises:
+        401: not signed in (the script then goes to the sign-in page).
+    """
+    user = current_user(request, session, settings, request.headers.get("authorization"))
+    ctx = _rows_context(session, user, status if status in STATUSES else None,
+                        kind if kind in KINDS else None, None)
+    return _render(request, "_job_rows.html", ctx)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, request: Request, session: SessionDep, settings: SettingsDep
+             ) -> Response:
+    """One job: live log (SSE), loss and mAP curves, result, verdict, artifacts, cancel."""
+    user = page_user(request, session, settings)
+    if user is None:
+        return _to_signin(request)
+    job = _owned(session, user, job_id)
+    if job is None:
+        return _render(request, "error.html", {
+            **_base_context(request, user, "jobs"), "title": "Job not found",
+            "message": f"There is no job {job_id} among your jobs."}, status_code=404)
+    ctx = _summary_context(request, session, user, job)
+    return _render(request, "job.html", {**_base_context(request, user, "jobs"), **ctx,
+                                         "terminal": job.status in TERMINAL})
+
+
+@router.get("/web/jobs/{job_id}/summary", response_class=HTMLResponse)
+def job_summary(job_id: str, request: Request, session: SessionDep, settings: SettingsDep
+                ) -> Response:
+    """The job page's summary panel (status, result, verdict, error, artifacts) as HTML.
+
+    Raises:
+        401: not signed in. 404: no such job, or another user's.
+    """
+    user = current_user(request, session, settings, request.headers.get("authorization"))
+    job = _owned(session, user, job_id)
+    if job is None:
+        raise Problem(404, f"job {job_id!r} not found")
+    response = _render(request, "_job_summary.html",
+                       _summary_context(request, session, user, job))
+    response.headers["X-Job-Status"] = job.status
+    return response
+
+
+@router.get("/datasets", response_class=HTMLResponse)
+def datasets_page(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    """Your datasets with their scan reports (images, boxes, classes, each defect kind)."""
+    user = page_user(request, session, settings)
+    if user is None:
+        return _to_signin(request)
+    stmt = select(Dataset).order_by(Dataset.id.desc())
+    if not user.is_admin:
+        stmt = stmt.where(Dataset.owner_id == user.id)
+    datasets = list(session.scalars(stmt))
+    return _render(request, "datasets.html", {**_base_context(request, user, "datasets"),
+                                              "datasets": datasets})
+
+
+@router.post("/web/params")
+async def parse_params(request: Request, session: SessionDep, settings: SettingsDep
+                       ) -> JSONResponse:
+    """Parse the submit form's advanced parameters (YAML, ``safe_load``) into JSON.
+
+    Body: ``{"yaml": "<text>"}``. Returns ``{"params": {...}}``; the page then submits the
+    job to ``POST /v1/jobs``, which validates every key.
+
+    Raises:
+        422: the text is not YAML, or not a mapping of ``key: value`` (``field: params``).
+    """
+    current_user(request, session, settings, request.headers.get("authorization"))
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        raise Problem(422, "body: not JSON", field="body") from None
+    text = body.get("yaml", "") if isinstance(body, dict) else ""
+    if not isinstance(text, str):
+        raise Problem(422, "yaml: must be a string", field="params")
+    try:
+        value = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise Problem(422, f"params: not valid YAML{where}: {problem}", field="params") from None
+    if value is None:
+        value = {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise Problem(422, "params: write one 'key: value' per line (a YAML mapping)",
+                      field="params")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise Problem(422, "params: values must be numbers, strings, booleans or lists",
+                      field="params") from None
+    return JSONResponse({"params": value})
