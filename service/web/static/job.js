@@ -175,6 +175,7 @@
       maps, 'no validation yet');
     document.getElementById('curves-empty').hidden = epochs.size > 0;
     document.getElementById('charts').hidden = epochs.size === 0;
+    document.getElementById('curve-values').hidden = epochs.size === 0;
     renderTable(losses, maps);
   }
 
