@@ -55,7 +55,8 @@ LEVERS: dict[str, str] = {
     MEMORY: "lower batch or activation memory, stay away from the OOM edge; "
     "utilisation and img/s are unreliable here",
     DATALOADER: "more workers, cache=ram/disk, lighter augmentation, larger batch",
-    COMPUTE: "AMP / bf16 (amp=True), accept it, or a smaller model",
+    COMPUTE: "AMP / bf16 on a GPU (amp=True; a CPU run: move to a GPU), accept it, or a "
+    "smaller model",
     HOST: "larger micro-batch, fewer per-step syncs (.item()), cuda_graph=True, op fusion",
     MIXED: "repeat trials produced mixed bottleneck verdicts: profile again with more steps",
 }
