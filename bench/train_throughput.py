@@ -14,6 +14,8 @@ also run through Ultralytics' trainer on its ``yolov9t/s.yaml`` (2.13 M / 7.3 M 
 the closest architecture), timed the same way (its second epoch's training part), and the
 line gives our images/s as a ratio of theirs.
 
+Models: yolo9-t/s, yolox-n/t/s (no Ultralytics comparison for YOLOX).
+
 Usage: python bench/train_throughput.py [--models yolo9-t,yolo9-s] [--imgsz 320,640]
        [--ultralytics /tmp/ul]
 """
@@ -70,7 +72,11 @@ def run_ultralytics(
 
     import yaml
 
-    arch = {"yolo9-t": "yolov9t.yaml", "yolo9-s": "yolov9s.yaml"}[model]
+    # Ultralytics has no YOLOX: None = no comparison for that model
+    arch = {"yolo9-t": "yolov9t.yaml", "yolo9-s": "yolov9s.yaml", "yolox-n": None,
+            "yolox-t": None, "yolox-s": None}[model]
+    if arch is None:
+        return float("nan")
     with tempfile.TemporaryDirectory() as project:
         cfg = yaml.safe_load(open(data))
         cfg["path"] = str(Path(data).parent.resolve())
@@ -137,7 +143,7 @@ def main() -> None:
         for imgsz in (int(s) for s in args.imgsz.split(",")):
             ips, peak = run_one(data, model, imgsz, args.batch, args.workers)
             part = f"{model}@{imgsz} {ips:.2f} img/s {peak:.2f} GB"
-            if args.ultralytics:
+            if args.ultralytics and not model.startswith("yolox"):
                 theirs = run_ultralytics(
                     data, model, imgsz, args.batch, args.workers, args.ultralytics
                 )

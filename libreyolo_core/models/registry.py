@@ -146,3 +146,29 @@ register_family(
         },
     )
 )
+
+register_family(
+    FamilySpec(
+        name="yolox",
+        title="YOLOX",
+        sizes=("n", "t", "s"),
+        module="libreyolo_core.models.yolox",
+        default_imgsz={"n": 416, "t": 416, "s": 640},
+        # YOLOX recipe (reference E.2): momentum 0.9, quadratic warm-up + cosine with a
+        # flat tail over the last no_aug_epochs, then mosaic/mixup off and the L1 term on.
+        overrides={
+            "momentum": 0.9,
+            "scheduler": "yoloxwarmcos",
+            "warmup_epochs": 5.0,
+            "warmup_lr_start": 0.0,
+            "no_aug_epochs": 15,
+            "min_lr_ratio": 0.05,
+            "degrees": 10.0,
+            "shear": 2.0,
+            "scale": (0.1, 2.0),
+            "mixup": 1.0,
+            "ema_decay": 0.9998,
+            "workers": 4,
+        },
+    )
+)
