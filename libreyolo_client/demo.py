@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         _say("== results")
         _say(f"   mAP50-95:      {metrics.get('mAP50-95', float('nan')):.4f}   "
              f"(mAP50 {metrics.get('mAP50', float('nan')):.4f})")
+        if not metrics.get("mAP50", 0.0) >= 0.01:
+            _say("                  (a few CPU epochs from scratch: the losses fall, but the "
+                 "boxes are not yet confident; train longer, e.g. --epochs 200, for real mAP)")
         _say(f"   verdict:       {verdict or 'none (the profile job did not succeed)'}")
         _say(f"   best.pt:       {best}")
         _say(f"   timeline.html: {timeline or 'none'}")

@@ -37,6 +37,9 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
             torch.save({"schema_version": SCHEMA_VERSION, **state}, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

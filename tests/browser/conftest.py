@@ -92,8 +92,10 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         st.srv.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope: sync Playwright runs an event loop in this thread until it exits, and
+    # a loop left running would break asyncio.run() in tests collected after this folder.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
