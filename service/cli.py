@@ -173,6 +173,13 @@ def up(
     try:
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.2)
+        if not stopping:
+            for name, p in zip(("API", "worker"), procs, strict=True):
+                if p.poll() is not None:
+                    typer.echo(f"the {name} process exited (code {p.returncode}): stopping the "
+                               "service; run `up` again — a job that was running goes back to "
+                               f"the queue when its lease ({settings.lease_s:.0f} s) expires and "
+                               "resumes from last.pt", err=True)
     finally:
         _shutdown(procs, settings.grace_s + 10)
     codes = [p.returncode for p in procs]
