@@ -468,7 +468,7 @@ class Trainer:
             if progress is not None or (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
                 elapsed = time.perf_counter() - t_start
                 ips = images_seen / max(elapsed, 1e-9)
-                mean = {n: float(s / max(counted, 1)) for n, s in zip(self.item_names, sums, strict=True)}
+                mean = self._mean_losses(sums, counted)
                 eta = (nb - i - 1) * elapsed / (i + 1) + (cfg.epochs - epoch - 1) * elapsed / (i + 1) * nb
                 if progress is not None:
                     progress.set_postfix({**{k: f"{v:.3f}" for k, v in mean.items()}, "img/s": f"{ips:.1f}"})
@@ -484,8 +484,14 @@ class Trainer:
                 break
         if progress is not None:
             progress.close()
-        mean = {n: float(s / max(counted, 1)) for n, s in zip(self.item_names, sums, strict=True)}
+        mean = self._mean_losses(sums, counted)
         return mean, lr
+
+    def _mean_losses(self, sums: torch.Tensor, counted: int) -> dict[str, float]:
+        """Mean of each loss part over the finite steps; NaN (an empty CSV cell) if none was."""
+        if not counted:
+            return dict.fromkeys(self.item_names, float("nan"))
+        return {n: float(v) for n, v in zip(self.item_names, (sums / counted).tolist(), strict=True)}
 
     def _optimizer_step(self, prof=None) -> None:
         scaler = self.amp.scaler

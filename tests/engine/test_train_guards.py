@@ -94,3 +94,14 @@ def test_missing_data_is_named(tmp_path):
 
     with pytest.raises((DataConfigError, FileNotFoundError), match="nope.yaml"):
         LibreYOLO("yolo9-t").train(data=tmp_path / "nope.yaml", project=tmp_path, **TINY)
+
+
+@pytest.mark.slow
+def test_epoch_with_only_nonfinite_steps_records_no_loss(sample_yaml, tmp_path):
+    import csv
+
+    result = LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path,
+                                        callbacks={"on_train_start": [_poison(None)]}, **TINY)
+    assert result["nonfinite_skipped"] == 4  # below the stop streak of ten
+    (row,) = list(csv.DictReader(open(tmp_path / "exp" / "results.csv")))
+    assert row["train/box_loss"] == row["train/dfl_loss"] == row["train/cls_loss"] == ""
