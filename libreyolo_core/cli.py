@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -126,6 +127,8 @@ def cmd_train(keys: dict[str, Any]) -> int:
         resolve_config({**keys, "model": model})  # every key checked before anything heavy
         yolo = LibreYOLO(model)
     result = yolo.train(**keys)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
+        return EXIT_OK
     print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
           f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {result['best_checkpoint']}")
     return EXIT_OK

@@ -20,6 +20,8 @@ from torch import nn
 
 from libreyolo_core.config import resolve_config
 from libreyolo_core.data.config import is_image_file
+from libreyolo_core.distributed.context import torchrun_env
+from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.models.registry import get_family, load_family, parse_model_name
@@ -119,8 +121,17 @@ class LibreYOLO:
             epoch, plus ``best_epoch``, ``save_dir``, ``best_checkpoint``,
             ``last_checkpoint``.
 
+        Several CUDA devices (``device="0,1"`` or ``[0, 1]``) without a torchrun
+        environment start one DDP process per device (:func:`~libreyolo_core.distributed.
+        spawn.spawn_train`); call it under ``if __name__ == "__main__":`` and pass only
+        picklable ``callbacks``. Under torchrun this process is one rank and trains as such.
+
         Raises:
             ConfigError: a bad key or value. DataConfigError / DatasetError: bad dataset.
+            DeviceError: a device that does not exist. ValueError: a global ``batch`` not
+                divisible by the number of devices.
+            MainGuardError: several devices from an unguarded script (see above).
+            RuntimeError: an unpicklable callback (several devices).
             TrainingInterrupted: SIGTERM; ``last.pt`` was saved first.
         """
         from libreyolo_core.data.config import load_data_config
@@ -140,9 +151,13 @@ class LibreYOLO:
             log.info("class count %d -> %d: rebuilt the head, kept %d tensors", self.nc, len(names), kept)
             self.model, self.nc = fresh, len(names)
         self.names = dict(names)
-        trainer = Trainer(cfg, model=self.model, callbacks=callbacks)
-        result = trainer.train()
-        self.model = unwrap(trainer.model)
+        devices = parse_devices(cfg.device)
+        if len(devices) > 1 and torchrun_env() is None:
+            result = self._train_spawned(cfg, devices, callbacks)
+        else:
+            trainer = Trainer(cfg, model=self.model, callbacks=callbacks)
+            result = trainer.train()
+            self.model = unwrap(trainer.model)
         best = Path(result["best_checkpoint"])
         if best.is_file():
             self.model.load_state_dict(load_checkpoint(best)["model"])
@@ -150,6 +165,42 @@ class LibreYOLO:
         self.imgsz = cfg.imgsz
         self.model.eval()
         return result
+
+    def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
+        """The spawn path: autobatch in this process, then one DDP worker per device."""
+        from libreyolo_core.distributed.autobatch import global_batch, probe_batch
+        from libreyolo_core.distributed.context import per_rank_batch
+        from libreyolo_core.distributed.spawn import (
+            GUARD_MESSAGE,
+            MainGuardError,
+            in_spawned_bootstrap,
+            spawn_train,
+        )
+        from libreyolo_core.engine.amp import resolve_amp
+
+        if in_spawned_bootstrap():
+            raise MainGuardError(GUARD_MESSAGE)
+        if not self.spec.spawn:
+            raise RuntimeError(f"{self.spec.title} cannot spawn DDP workers; launch one process per GPU with "
+                               f"`torchrun --nproc_per_node={len(devices)} -m libreyolo_core.cli train ...`")
+        world_size = len(devices)
+        if cfg.batch == -1:
+            first = torch.device(devices[0])
+            try:
+                self.model.to(first)
+                amp = resolve_amp(cfg.amp, cfg.amp_dtype, first)
+                per_device = probe_batch(self.model, cfg.imgsz, first, autocast=amp.autocast,
+                                         max_probe=cfg.nbs or 64)
+            finally:
+                self.model.to("cpu")
+            batch = global_batch(per_device, world_size, cfg.nbs)
+            log.info("autobatch: global batch %d for %d devices", batch, world_size)
+            cfg = cfg.model_copy(update={"batch": batch})
+        per_rank_batch(cfg.batch, world_size)  # fail here, before any process starts
+        ids = [int(d.split(":")[1]) for d in devices]
+        # the workers see only the chosen GPUs, renumbered from 0
+        cfg = cfg.model_copy(update={"device": ",".join(str(i) for i in range(world_size))})
+        return spawn_train(cfg, world_size, model=self.model, nc=self.nc, callbacks=callbacks, cuda_ids=ids)
 
     @staticmethod
     def _resume_data(resume: Any, project: str) -> str:

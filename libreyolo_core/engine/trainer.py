@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import yaml
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import libreyolo_core
 from libreyolo_core.config import TrainConfig
@@ -35,7 +37,16 @@ from libreyolo_core.data.config import load_data_config
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.loader import build_dataloader
 from libreyolo_core.data.scan import scan_split
-from libreyolo_core.distributed.device import select_device
+from libreyolo_core.distributed.autobatch import global_batch, probe_batch
+from libreyolo_core.distributed.context import (
+    DistContext,
+    all_reduce_sum,
+    broadcast_object,
+    destroy_distributed,
+    init_distributed,
+    mean_normalizer,
+    per_rank_batch,
+)
 from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import load_checkpoint, save_checkpoint
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
@@ -109,15 +120,26 @@ class Trainer:
         self.profiler = None  # set in _setup only when cfg.profile
         self.profile_summary: dict[str, Any] | None = None
         self.profile_only = False
+        self.dist = DistContext()  # replaced in _setup under torchrun / spawn
+        self._owns_process_group = False
+        self._stop_agreed = False  # under DDP: every rank knows a stop was requested
 
     # -- callbacks / signals ------------------------------------------------------------
     def _fire(self, event: str) -> None:
+        """Call the user callbacks of ``event`` (rank 0 only under DDP)."""
+        if not getattr(self, "dist", DistContext()).is_main:
+            return
         for fn in self.callbacks.get(event, []):
             fn(self)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Finish the current step, save ``last.pt`` and end the run as ``interrupted``."""
         self.stop_requested, self.stop_reason = True, reason
+
+    def _stopping(self) -> bool:
+        """Whether to stop now. Under DDP only a request every rank has seen counts (it
+        travels with the per-step reduction), so all ranks leave the loop at the same step."""
+        return self._stop_agreed if self.dist.enabled else self.stop_requested
 
     def _install_sigterm(self):
         if threading.current_thread() is not threading.main_thread():
@@ -148,15 +170,17 @@ class Trainer:
         return ckpt
 
     def _setup(self) -> None:
-        cfg = self.cfg
         ckpt = self._resume_state()
         cfg = self.cfg
-        self.device = select_device(cfg.device)
+        owned = not (dist.is_available() and dist.is_initialized())
+        self.dist, self.device = init_distributed(cfg.device)
+        self._owns_process_group = owned and self.dist.enabled
+        ddp, main = self.dist.enabled, self.dist.is_main
         self.spec, self.size = parse_model_name(cfg.model)
         self.family = load_family(self.spec)
         torch.manual_seed(cfg.seed)
 
-        # data
+        # data (every rank scans: the reports are cheap and identical)
         self.data_cfg = load_data_config(cfg.data)
         if not self.data_cfg.train:
             raise ValueError(f"{self.data_cfg.yaml_path}: key 'train' is missing")
@@ -164,32 +188,48 @@ class Trainer:
         self.nc = len(self.names)
         train_report = scan_split(self.data_cfg, "train")
         val_split = "val" if self.data_cfg.val else "train"
-        val_report = scan_split(self.data_cfg, val_split) if cfg.val else None
+        # validation runs on rank 0 alone (the others wait), so its metrics are one process's
+        val_report = scan_split(self.data_cfg, val_split) if cfg.val and main else None
+
+        # model (DDP broadcasts rank 0's weights when it wraps the model below)
+        if self.model is None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
+            self.model = self.family.build_model(self.size, self.nc)
+        self.model.to(self.device)
+        self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
+        self.batch = self._resolve_batch()
+        self.rank_batch = per_rank_batch(self.batch, self.dist.world_size)
+        if ddp:
+            torch.manual_seed(cfg.seed + self.dist.rank)
+            self.model = self._sync_batchnorm(self.model)
+
         hyp = cfg.model_dump()
         self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp,
-                                     cache=cfg.cache, seed=cfg.seed, rank=0)
-        self.batch = cfg.batch if cfg.batch > 0 else 16
+                                     cache=cfg.cache, seed=cfg.seed, rank=self.dist.rank)
+        visible = math.ceil(len(self.train_set) / self.dist.world_size)
         self.train_loader = build_dataloader(
-            self.train_set, self.batch, cfg.workers, shuffle=True, seed=cfg.seed,
-            drop_last=len(self.train_set) >= self.batch,
+            self.train_set, self.rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
+            rank=self.dist.rank, world_size=self.dist.world_size, drop_last=visible >= self.rank_batch,
         )
         self.val_loader = None
         if val_report is not None:
             val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
                                   seed=cfg.seed, rank=0)
-            self.val_loader = build_dataloader(val_set, self.batch, min(cfg.workers, 2), shuffle=False,
-                                               seed=cfg.seed)
+            self.val_loader = build_dataloader(val_set, self.rank_batch, min(cfg.workers, 2),
+                                               shuffle=False, seed=cfg.seed)
 
-        # model, loss, precision
-        if self.model is None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
-            self.model = self.family.build_model(self.size, self.nc)
-        self.model.to(self.device)
+        # loss, graphs
         self.loss_fn = self.family.build_loss(self.model, cfg)
         self.item_names = tuple(self.loss_fn.item_names)
-        self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
-        # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
-        self.cuda_graph = build_cuda_graph_manager(self.model, cfg.cuda_graph, self.device,
-                                                   family=self.spec)
+        if ddp and hasattr(self.loss_fn, "normalizer_reduce"):
+            self.loss_fn.normalizer_reduce = mean_normalizer(self.dist)
+        if ddp and cfg.cuda_graph:
+            if main:
+                log.info("cuda_graph: not available under DDP; training eager")
+            self.cuda_graph = None
+        else:
+            # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
+            self.cuda_graph = build_cuda_graph_manager(self.model, cfg.cuda_graph, self.device,
+                                                       family=self.spec)
 
         # optimizer, accumulation, schedule
         self.accumulate = accumulate_steps(self.batch, cfg.nbs)
@@ -200,10 +240,15 @@ class Trainer:
                                          weight_decay, cfg.nesterov)
         self.steps_per_epoch = math.ceil(len(self.train_loader) / self.accumulate)
         self.schedule = LRSchedule.from_config(cfg, self.steps_per_epoch)
-        self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+        # rank 0 alone validates and saves, so only it keeps the EMA
+        self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema and main else None
         self.start_epoch = 0
 
-        if cfg.profile:
+        if cfg.profile and ddp:
+            if main:
+                log.warning("profile: the training profiler does not run under DDP; ignored "
+                            "(profile a single-device run instead)")
+        elif cfg.profile:
             from libreyolo_core.profiler import TrainingProfiler
 
             self.profiler = TrainingProfiler(
@@ -216,13 +261,61 @@ class Trainer:
             )
         if ckpt is not None:
             self._load_resume(ckpt)
-            self.run_dir = self._resume_path.parent.parent
-        else:
-            self.run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-        self.events = EventLog(self.run_dir / "events.jsonl")
-        (self.run_dir / "args.yaml").write_text(
-            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
-        )
+        if ddp:
+            cuda = self.device.type == "cuda"
+            self.model = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if cuda else None,
+                output_device=self.device.index if cuda else None, find_unused_parameters=False,
+            )
+
+        # rank 0 chooses the run directory and tells the others; it alone writes in it
+        if main:
+            if ckpt is not None:
+                self.run_dir = self._resume_path.parent.parent
+            else:
+                self.run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+        self.run_dir = Path(broadcast_object(str(self.run_dir) if main else None, self.dist))
+        self.events = EventLog(self.run_dir / "events.jsonl" if main else None)
+        if main:
+            (self.run_dir / "args.yaml").write_text(
+                yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
+            )
+
+    def _resolve_batch(self) -> int:
+        """The global batch: ``cfg.batch``, or measured by autobatch when it is -1 (rank 0
+        probes its device and broadcasts the result)."""
+        cfg = self.cfg
+        if cfg.batch != -1:
+            return cfg.batch
+        per_device = None
+        if self.dist.is_main:
+            per_device = probe_batch(self.model, cfg.imgsz, self.device, autocast=self.amp.autocast,
+                                     max_probe=cfg.nbs or 64)
+        per_device = int(broadcast_object(per_device, self.dist))
+        batch = global_batch(per_device, self.dist.world_size, cfg.nbs)
+        if self.dist.is_main:
+            log.info("autobatch: global batch %d (%d per device x world_size %d%s)", batch, per_device,
+                     self.dist.world_size, f", capped by nbs={cfg.nbs}" if cfg.nbs else "")
+        return batch
+
+    def _sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        """BatchNorm -> SyncBatchNorm under DDP when ``sync_bn`` (reference D.6); warn when
+        per-rank batch statistics come from fewer than 16 images."""
+        has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        if not has_bn:
+            return model
+        synced = self.cfg.sync_bn and self.device.type == "cuda"
+        if synced:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        elif self.dist.is_main and self.cfg.sync_bn:
+            log.info("sync_bn: SyncBatchNorm needs CUDA tensors; BatchNorm stays per-rank on %s",
+                     self.device)
+        if not synced and self.rank_batch < 16 and self.dist.is_main:
+            log.warning("BatchNorm statistics come from %d images per rank (batch %d / world_size %d); "
+                        "%s", self.rank_batch, self.batch, self.dist.world_size,
+                        "set sync_bn=True to share them across ranks" if not self.cfg.sync_bn
+                        else "on CUDA sync_bn would share them across ranks")
+        return model
 
     def _load_resume(self, ckpt: dict[str, Any]) -> None:
         model = unwrap(self.model)
@@ -236,7 +329,7 @@ class Trainer:
             self.ema.updates = int(ckpt.get("ema_updates", 0))
         if ckpt.get("scaler"):
             self.amp.scaler.load_state_dict(ckpt["scaler"])
-        if "torch_rng" in ckpt:
+        if "torch_rng" in ckpt and self.dist.is_main:  # other ranks keep their seed + rank
             torch.set_rng_state(ckpt["torch_rng"])
         self.start_epoch = int(ckpt["epoch"]) + 1
         self.best_fitness = float(ckpt.get("best_fitness", -1.0))
@@ -274,6 +367,8 @@ class Trainer:
         }
 
     def _save(self, epoch: int, is_best: bool) -> None:
+        if not self.dist.is_main:
+            return
         state = self._state(epoch)
         weights = self.run_dir / "weights"
         last = save_checkpoint(state, weights / "last.pt")
@@ -286,7 +381,7 @@ class Trainer:
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
 
     def _write_results(self) -> None:
-        if not self.history:
+        if not self.history or not self.dist.is_main:
             return
         fields = list(self.history[-1].keys())
         buf = io.StringIO()
@@ -328,6 +423,8 @@ class Trainer:
                                  nonfinite_skipped=self.nonfinite_skipped)
                 self.events.close()
             self._fire("on_train_end")
+            if self._owns_process_group:
+                destroy_distributed()
 
     def _loop(self) -> str:
         cfg = self.cfg
@@ -339,7 +436,7 @@ class Trainer:
                 self._close_mosaic(epoch)
             t0 = time.perf_counter()
             losses, lr = self._train_epoch(epoch)
-            if self.stop_requested:
+            if self._stopping():
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
                 self._save(epoch - 1, is_best=False)
@@ -376,13 +473,30 @@ class Trainer:
                              fitness=fit, is_best=is_best, mosaic=self.train_set.mosaic_enabled)
             self._print_epoch(epoch, losses, validate_now)
             self._fire("on_epoch_end")
-            if self.stop_requested:
+            early = bool(cfg.patience and validate_now and since_best >= cfg.patience)
+            if self.dist.enabled:
+                early = self._share_epoch_outcome(early)
+            if self._stopping():
                 raise TrainingInterrupted(self.stop_reason)
-            if cfg.patience and validate_now and since_best >= cfg.patience:
+            if early:
                 log.info("early stop: no better fitness for %d validated epochs (best epoch %d)",
                          since_best, self.best_epoch)
                 return "early_stopped"
         return "succeeded"
+
+    def _share_epoch_outcome(self, early: bool) -> bool:
+        """Rank 0's end-of-epoch decisions (early stop, a callback's stop request) and
+        metrics, on every rank; also the barrier that holds the others while rank 0
+        validates and saves. Returns the early-stop decision."""
+        mine = (early, self.stop_requested, self.stop_reason, self.metrics, self.best_metrics,
+                self.best_epoch, self.best_fitness) if self.dist.is_main else None
+        (early, stop, reason, self.metrics, self.best_metrics, self.best_epoch,
+         self.best_fitness) = broadcast_object(mine, self.dist)
+        if stop:
+            self._stop_agreed = True
+            if not self.stop_requested:
+                self.request_stop(reason)
+        return early
 
     def _close_mosaic(self, epoch: int) -> None:
         self.train_set.close_mosaic()
@@ -410,6 +524,7 @@ class Trainer:
         progress = self._progress(epoch, nb)
         self.optimizer.zero_grad(set_to_none=True)
         prof = self.profiler  # None unless profiling: then the loop below takes no detour
+        world_size = self.dist.world_size
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
         for i, batch in enumerate(batches):
@@ -430,13 +545,17 @@ class Trainer:
             # Summed over the images of the micro-batch (Ultralytics' and YOLOv9's trainers do
             # the same): the lr0 = 0.01 SGD recipes assume it. Micro-batches of an
             # accumulation window add up, so the window acts as one batch of nbs images.
+            # Under DDP the loss divides by the global positive count / world_size and DDP
+            # averages gradients, so the factor is the GLOBAL micro-batch: the gradient is
+            # then the one a single process with the whole global batch computes.
             with prof.phase("backward") if prof is not None else _NULL:
+                scaled = amp.scaler.scale(loss * (imgs.shape[0] * world_size))
                 if graphs is None:
-                    amp.scaler.scale(loss * imgs.shape[0]).backward()
+                    scaled.backward()
                 else:
-                    graphs.backward(amp.scaler.scale(loss * imgs.shape[0]))
-            values = torch.cat([loss.detach().float().reshape(1), items.float()]).tolist()
-            del loss
+                    graphs.backward(scaled)
+            values = self._step_values(loss, items)
+            del loss, scaled
             finite = all(math.isfinite(v) for v in values)
             if not finite:
                 self.nonfinite_streak += 1
@@ -459,7 +578,7 @@ class Trainer:
             counted += 1
             if window_end:
                 self._optimizer_step(prof)
-            images_seen += imgs.shape[0]
+            images_seen += imgs.shape[0] * world_size
             if prof is not None and prof.step_end():
                 self._finish_profile()
                 prof = None
@@ -476,16 +595,32 @@ class Trainer:
                 if (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
                     self.events.emit("progress", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1,
                                      steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean)
-                    if progress is None:
+                    if progress is None and self.dist.is_main:
                         print(f"epoch {epoch + 1}/{cfg.epochs} step {i + 1}/{nb} "
                               + " ".join(f"{k}={v:.4f}" for k, v in mean.items())
                               + f" {ips:.1f} img/s eta {eta:.0f}s", flush=True)
-            if self.stop_requested:
+            if self._stopping():
                 break
         if progress is not None:
             progress.close()
         mean = self._mean_losses(sums, counted)
         return mean, lr
+
+    def _step_values(self, loss: torch.Tensor, items: torch.Tensor) -> list[float]:
+        """``[total, *items]`` of this step as floats (one host read). Under DDP: the mean
+        over ranks, i.e. the loss of the whole global batch, the same number one process
+        would log; any rank's stop request (SIGTERM) reaches every rank here, and a
+        non-finite value anywhere makes every rank skip the step together."""
+        values = torch.cat([loss.detach().float().reshape(1), items.detach().float().reshape(-1)])
+        if not self.dist.enabled:
+            return values.tolist()
+        flag = values.new_tensor([1.0 if self.stop_requested else 0.0])
+        packed = all_reduce_sum(torch.cat([values, flag]), self.dist).tolist()
+        if packed[-1] > 0:
+            self._stop_agreed = True
+            if not self.stop_requested:
+                self.request_stop("another rank stopped")
+        return [v / self.dist.world_size for v in packed[:-1]]
 
     def _mean_losses(self, sums: torch.Tensor, counted: int) -> dict[str, float]:
         """Mean of each loss part over the finite steps; NaN (an empty CSV cell) if none was."""
@@ -527,7 +662,7 @@ class Trainer:
 
     # -- output ---------------------------------------------------------------------------
     def _progress(self, epoch: int, total: int):
-        if not sys.stderr.isatty():
+        if not sys.stderr.isatty() or not self.dist.is_main:
             return None
         from tqdm import tqdm
 
@@ -535,11 +670,16 @@ class Trainer:
                     dynamic_ncols=True, leave=True)
 
     def _print_header(self) -> None:
-        print(f"{self.spec.title}-{self.size} nc={self.nc} on {self.device} ({self.amp.name}), "
+        if not self.dist.is_main:
+            return
+        ddp = f" x {self.dist.world_size} ranks ({self.dist.backend})" if self.dist.enabled else ""
+        print(f"{self.spec.title}-{self.size} nc={self.nc} on {self.device}{ddp} ({self.amp.name}), "
               f"imgsz={self.cfg.imgsz} batch={self.batch} accumulate={self.accumulate}, "
               f"{len(self.train_set)} train images -> {self.run_dir}", flush=True)
 
     def _print_epoch(self, epoch: int, losses: dict[str, float], validated: bool) -> None:
+        if not self.dist.is_main:
+            return
         parts = [f"epoch {epoch + 1}/{self.cfg.epochs}"]
         parts += [f"{k}={v:.4f}" for k, v in losses.items()]
         if validated:

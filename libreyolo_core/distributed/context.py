@@ -1,0 +1,191 @@
+"""The process group of a DDP run: the torchrun environment, backend choice, global batch
+split and the few collectives the trainer needs (reference D.2-D.4, spec-training §4).
+
+A run is distributed when the torchrun variables ``RANK``, ``LOCAL_RANK`` and
+``WORLD_SIZE`` are set and ``WORLD_SIZE > 1``; the spawn launcher
+(:mod:`libreyolo_core.distributed.spawn`) sets them inside each worker, so both launch
+paths meet here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from libreyolo_core.distributed.device import DeviceError, parse_devices, select_device
+
+__all__ = [
+    "PG_TIMEOUT",
+    "DistContext",
+    "torchrun_env",
+    "init_distributed",
+    "destroy_distributed",
+    "per_rank_batch",
+    "broadcast_object",
+    "all_reduce_sum",
+    "mean_normalizer",
+]
+
+log = logging.getLogger(__name__)
+
+#: Process-group timeout (reference D.3): long enough for rank 0's validation of a big set.
+PG_TIMEOUT = datetime.timedelta(hours=3)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the job.
+
+    Attributes:
+        rank: global rank (0 owns every side effect: run dir, checkpoints, events, logs).
+        local_rank: rank on this machine (selects ``cuda:local_rank``).
+        world_size: number of processes; 1 means not distributed.
+        backend: ``"nccl"`` or ``"gloo"``; ``""`` when not distributed.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    backend: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        """True when several processes train together (a process group exists)."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """``(rank, local_rank, world_size)`` from the torchrun variables, or None when absent.
+
+    Raises:
+        ValueError: a variable that is not an integer, or a rank outside the world.
+    """
+    if "LOCAL_RANK" not in os.environ:
+        return None
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+        rank = int(os.environ.get("RANK", local_rank))
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError as exc:
+        raise ValueError(f"torchrun environment is malformed: {exc}") from None
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"torchrun environment: RANK={rank} is not in [0, WORLD_SIZE={world_size})")
+    return rank, local_rank, world_size
+
+
+def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext, torch.device]:
+    """Join the torchrun job this process belongs to and pick its device.
+
+    Backend: NCCL when the job trains on CUDA and NCCL is built, else Gloo (so CPU-only
+    machines, CI included, run real 2-rank DDP). Device: ``cuda:LOCAL_RANK`` on CUDA, else
+    the CPU (``device="cpu"`` forces the CPU even where CUDA exists). Timeout: 3 h.
+
+    Without the torchrun environment (or with ``WORLD_SIZE=1``) nothing is initialised and
+    the context says ``world_size=1``.
+
+    Raises:
+        DeviceError: a malformed ``device``, a CUDA index (or ``LOCAL_RANK``) this machine
+            does not have, ``"mps"`` under DDP, or several devices named without a launcher
+            (see :func:`~libreyolo_core.distributed.device.select_device`).
+    """
+    env = torchrun_env()
+    if env is None or env[2] == 1:
+        return DistContext(), select_device(device)
+    rank, local_rank, world_size = env
+    text = "auto" if device is None else str(device).strip().lower()
+    if text == "mps":
+        raise DeviceError("device='mps' cannot train under DDP (no collective backend for MPS); "
+                          "use device='cpu' or CUDA devices")
+    if text != "cpu":
+        parse_devices(device)  # a malformed value or a missing CUDA index fails here, on every rank
+    use_cuda = torch.cuda.is_available() and text != "cpu"
+    if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise DeviceError(f"LOCAL_RANK={local_rank} but this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+        torch_device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(torch_device)
+    else:
+        torch_device = torch.device("cpu")
+    backend = "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"device_id": torch_device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=PG_TIMEOUT, rank=rank, world_size=world_size, **kwargs)
+    ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, backend=backend)
+    if rank != 0:  # rank 0 speaks for the job; the others report errors only
+        logging.getLogger("libreyolo_core").setLevel(logging.ERROR)
+    log.info("DDP rank %d/%d (local %d) on %s, backend %s", rank, world_size, local_rank, torch_device,
+             backend)
+    return ctx, torch_device
+
+
+def destroy_distributed() -> None:
+    """Leave the process group if one is initialised (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def per_rank_batch(batch: int, world_size: int) -> int:
+    """Images per rank for the **global** ``batch`` (reference D.4).
+
+    Raises:
+        ValueError: ``batch < 1``, or ``batch`` not divisible by ``world_size``; the
+            message names both numbers and the nearest valid global batches.
+    """
+    if batch < 1:
+        raise ValueError(f"batch={batch}: use a positive global batch size, or -1 for autobatch")
+    if batch % world_size:
+        lower = batch // world_size * world_size
+        higher = lower + world_size
+        choices = f"batch={lower} or batch={higher}" if lower else f"batch={higher}"
+        raise ValueError(
+            f"batch={batch} is the GLOBAL batch size and must be divisible by world_size={world_size} "
+            f"(each of the {world_size} ranks loads batch/world_size images; a silent round-down would "
+            f"train on fewer images than asked). Use {choices}."
+        )
+    return batch // world_size
+
+
+def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``obj`` on every rank (picklable objects; a no-op when not distributed)."""
+    if not ctx.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """In-place sum of ``tensor`` over ranks; returns it (unchanged when not distributed)."""
+    if ctx.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def mean_normalizer(ctx: DistContext) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The loss-normaliser hook for DDP: ``x -> sum over ranks of x / world_size``.
+
+    A loss that divides by its positive count (YOLOv9's target-score sum, YOLOX's
+    ``num_fg``) then divides by the *global* count spread evenly over ranks, so that the
+    DDP average of the ranks' gradients equals the gradient of one process that saw the
+    whole global batch (reference D.4; no extra world-size factor). The input is a
+    detached scalar; the result carries no gradient.
+    """
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        total = x.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total / ctx.world_size
+
+    return reduce

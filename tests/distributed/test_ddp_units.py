@@ -1,0 +1,105 @@
+"""DDP building blocks without starting processes: global batch, autobatch, device and
+torchrun-environment parsing, callback pickling, the main guard check."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from libreyolo_core.config import resolve_config
+from libreyolo_core.distributed.autobatch import DEFAULT_BATCH, fit_batch, global_batch, probe_batch
+from libreyolo_core.distributed.context import init_distributed, per_rank_batch, torchrun_env
+from libreyolo_core.distributed.device import DeviceError, parse_devices
+from libreyolo_core.distributed.spawn import check_picklable, in_spawned_bootstrap, spawn_train
+
+
+def module_level_callback(trainer):  # picklable: importable by name
+    return None
+
+
+def test_batch_not_divisible_names_both_numbers_and_the_nearest_valid_batches():
+    with pytest.raises(ValueError) as err:
+        per_rank_batch(6, 4)
+    msg = str(err.value)
+    assert "batch=6" in msg and "world_size=4" in msg and "batch=4 or batch=8" in msg
+    with pytest.raises(ValueError, match=r"Use batch=4\.$"):  # no batch=0 suggestion
+        per_rank_batch(3, 4)
+    with pytest.raises(ValueError, match="positive global batch"):
+        per_rank_batch(0, 2)
+    assert per_rank_batch(8, 2) == 4 and per_rank_batch(16, 1) == 16
+
+
+def test_spawn_rejects_a_bad_batch_and_a_lambda_before_starting_any_process(tmp_path):
+    cfg = resolve_config({"model": "yolo9-t", "data": str(tmp_path / "d.yaml"), "batch": 6, "device": "cpu"})
+    with pytest.raises(ValueError, match="batch=4 or batch=8"):
+        spawn_train(cfg, 4)
+    ok = cfg.model_copy(update={"batch": 8})
+    with pytest.raises(RuntimeError) as err:
+        spawn_train(ok, 2, callbacks={"on_epoch_end": [module_level_callback, lambda t: None]})
+    msg = str(err.value)
+    assert "callbacks['on_epoch_end'][1]" in msg and "<lambda>" in msg and "module level" in msg
+    check_picklable({"on_epoch_end": [module_level_callback]})  # no error
+
+
+def test_autobatch_fit_takes_the_power_of_two_below_the_memory_share():
+    gib = 2**30
+    # 1 GiB fixed + 0.5 GiB per image on an 80 GiB device: 60 % = 48 GiB -> raw 94 -> 64
+    sizes = [1, 2, 4, 8]
+    memory = [gib + 0.5 * gib * b for b in sizes]
+    assert fit_batch(sizes, memory, 80 * gib) == 64
+    assert fit_batch(sizes, memory, 80 * gib, fraction=0.9) == 128  # raw 142
+    assert fit_batch([1], [gib], 80 * gib) == DEFAULT_BATCH  # one point: no fit
+    assert fit_batch([1, 2], [2 * gib, gib], 80 * gib) == DEFAULT_BATCH  # negative slope
+    assert fit_batch([1, 2], [gib, 2 * gib], 1.5 * gib) == 1
+
+
+def test_global_batch_is_capped_by_nbs_and_a_multiple_of_world_size():
+    assert global_batch(48, 2, None) == 96
+    assert global_batch(48, 2, 64) == 64
+    assert global_batch(48, 3, 64) == 63
+    assert global_batch(8, 4, 2) == 4  # never below one image per rank
+
+
+def test_autobatch_on_cpu_says_it_needs_a_gpu_and_uses_the_default(caplog):
+    model = torch.nn.Conv2d(3, 4, 3)
+    with caplog.at_level(logging.WARNING):
+        assert probe_batch(model, 64, torch.device("cpu")) == DEFAULT_BATCH
+    assert "needs a CUDA device" in caplog.text
+
+
+def test_device_forms():
+    assert parse_devices("cpu") == ["cpu"]
+    assert parse_devices(None) == parse_devices("auto")
+    for bad in ("gpu", "0,x", "cuda:-1"):
+        with pytest.raises(DeviceError, match="invalid"):
+            parse_devices(bad)
+    n = torch.cuda.device_count()
+    with pytest.raises(DeviceError, match=f"CUDA device {n} does not exist"):
+        parse_devices([0, n] if n else "0,1")
+
+
+def test_torchrun_environment(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert torchrun_env() is None
+    ctx, device = init_distributed("cpu")  # no environment: one process, nothing initialised
+    assert not ctx.enabled and ctx.is_main and device == torch.device("cpu")
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert torchrun_env() == (3, 1, 4)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="not in"):
+        torchrun_env()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    ctx, _ = init_distributed("cpu")  # torchrun --nproc_per_node=1: no process group needed
+    assert not ctx.enabled
+
+
+def test_not_in_a_spawned_bootstrap_here():
+    assert not in_spawned_bootstrap()
