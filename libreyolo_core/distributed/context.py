@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.device import DeviceError, parse_devices, select_device
 
 __all__ = [
@@ -134,27 +135,6 @@ def destroy_distributed() -> None:
     """Leave the process group if one is initialised (safe to call twice)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def per_rank_batch(batch: int, world_size: int) -> int:
-    """Images per rank for the **global** ``batch`` (reference D.4).
-
-    Raises:
-        ValueError: ``batch < 1``, or ``batch`` not divisible by ``world_size``; the
-            message names both numbers and the nearest valid global batches.
-    """
-    if batch < 1:
-        raise ValueError(f"batch={batch}: use a positive global batch size, or -1 for autobatch")
-    if batch % world_size:
-        lower = batch // world_size * world_size
-        higher = lower + world_size
-        choices = f"batch={lower} or batch={higher}" if lower else f"batch={higher}"
-        raise ValueError(
-            f"batch={batch} is the GLOBAL batch size and must be divisible by world_size={world_size} "
-            f"(each of the {world_size} ranks loads batch/world_size images; a silent round-down would "
-            f"train on fewer images than asked). Use {choices}."
-        )
-    return batch // world_size
 
 
 def broadcast_object(obj: Any, ctx: DistContext) -> Any:

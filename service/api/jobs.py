@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
 
 from libreyolo_core.config import ConfigError, resolve_config
+from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
 from service.api.problems import Problem
 from service.api.schemas import (
@@ -82,13 +83,17 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
         raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
                       allowed=exc.allowed) from None
     world = gpus or body.procs
-    if cfg.batch > 0 and cfg.batch % world:
-        lo, hi = cfg.batch // world * world, (cfg.batch // world + 1) * world
-        nearest = [v for v in (lo, hi) if v > 0]
-        ranks = f"gpus={gpus}" if gpus else f"procs={body.procs}"
-        raise Problem(422, f"params.batch: batch={cfg.batch} is not divisible by {ranks}; "
-                      f"use {' or '.join(map(str, nearest))}", field="params.batch",
-                      value=cfg.batch, allowed=nearest)
+    if body.kind == "profile" and world > 1:
+        raise Problem(422, f"{'gpus' if gpus else 'procs'}: a profile job runs on one device (the "
+                      "training profiler does not run under DDP); use 1", field="gpus" if gpus else "procs",
+                      value=world, allowed=[1])
+    if cfg.batch > 0:
+        try:
+            per_rank_batch(cfg.batch, world)
+        except ValueError as exc:
+            ranks = f"gpus={gpus}" if gpus else f"procs={body.procs}"
+            raise Problem(422, f"params.batch: {exc} ({ranks})", field="params.batch", value=cfg.batch,
+                          allowed=nearest_valid_batches(cfg.batch, world)) from None
     keys = set(cfg.model_fields_set) - {"model"}
     return cfg.model_dump(mode="json", include=keys)
 

@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 from libreyolo_core import LibreYOLO
 from libreyolo_core.config import resolve_config
 from libreyolo_core.distributed.spawn import spawn_train
+from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.events import read_events
 from libreyolo_core.models.registry import load_family, parse_model_name
 
@@ -162,3 +164,41 @@ def test_a_failing_rank_ends_the_job_within_seconds(sample_yaml, tmp_path):
     assert proc.returncode != 0
     assert victim.name in out and "does not exist" in out, out[-3000:]
     assert elapsed < 60, elapsed  # not the 3 h process-group timeout
+
+
+def test_sigterm_stops_every_rank_at_one_step_and_the_run_resumes(sample_yaml, tmp_path):
+    """The service cancels a job by SIGTERM to the engine's process group: torchrun and both
+    ranks. Every rank must leave at the same step (no rank waiting forever in a collective),
+    rank 0 saves last.pt, and a torchrun resume finishes the schedule."""
+    project = tmp_path / "runs"
+    proc = subprocess.Popen(
+        _torchrun("-m", "libreyolo_core.cli", "train", *_keys(model="yolo9-t", data=sample_yaml,
+                                                             project=project, **{**RUN, "epochs": 4})),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            events = list(project.glob("*/events.jsonl"))
+            if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
+                break
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    run = _only_run_dir(project)
+    ends = [e for e in read_events(run / "events.jsonl") if e["event"] == "run_end"]
+    assert [e["status"] for e in ends] == ["interrupted"], out[-3000:]
+    last = run / "weights" / "last.pt"
+    done = load_checkpoint(last)["epoch"] + 1
+    assert 1 <= done < 4
+    proc = subprocess.run(_torchrun("-m", "libreyolo_core.cli", "train", f"resume={last}"),
+                          capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [int(r["epoch"]) for r in _epoch_rows(run)] == [1, 2, 3, 4]
+    assert [e["status"] for e in read_events(run / "events.jsonl") if e["event"] == "run_end"] == [
+        "interrupted", "succeeded"]
