@@ -525,6 +525,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         prof = self.profiler  # None unless profiling: then the loop below takes no detour
         world_size = self.dist.world_size
+        by_batch = self.spec.scale_loss_by_batch
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
         for i, batch in enumerate(batches):
@@ -543,13 +544,15 @@ class Trainer:
                 loss, items = self.loss_fn(outputs, targets, imgs.shape[0])
             del outputs  # no autograd graph outlives its step (a live one breaks a capture)
             # Summed over the images of the micro-batch (Ultralytics' and YOLOv9's trainers do
-            # the same): the lr0 = 0.01 SGD recipes assume it. Micro-batches of an
-            # accumulation window add up, so the window acts as one batch of nbs images.
-            # Under DDP the loss divides by the global positive count / world_size and DDP
-            # averages gradients, so the factor is the GLOBAL micro-batch: the gradient is
+            # the same): the lr0 = 0.01 SGD recipes assume it; families that say
+            # otherwise (YOLOX) step on the loss as is. Micro-batches of an accumulation
+            # window add up, so the window acts as one batch of nbs images. Under DDP the
+            # loss divides by the global positive count / world_size and DDP averages
+            # gradients, so the factor is the GLOBAL micro-batch (or 1): the gradient is
             # then the one a single process with the whole global batch computes.
             with prof.phase("backward") if prof is not None else _NULL:
-                scaled = amp.scaler.scale(loss * (imgs.shape[0] * world_size))
+                factor = imgs.shape[0] * world_size if by_batch else 1
+                scaled = amp.scaler.scale(loss * factor)
                 if graphs is None:
                     scaled.backward()
                 else:

@@ -46,6 +46,10 @@ class FamilySpec:
         cuda_graph: whether the family's forward/backward may be CUDA-graph captured.
         spawn: whether multi-GPU training may use the spawn launcher.
         stride: the largest output stride; ``imgsz`` must be a multiple of it.
+        scale_loss_by_batch: the backward pass uses the loss times the images of the
+            (global) micro-batch, the Ultralytics/YOLOv9 convention their ``lr0 = 0.01``
+            recipes assume; False back-propagates the normalised loss as it is, like
+            YOLOX's reference trainer (docs/architecture.md, "Trainer").
     """
 
     name: str
@@ -59,6 +63,7 @@ class FamilySpec:
     cuda_graph: bool = True
     spawn: bool = True
     stride: int = 32
+    scale_loss_by_batch: bool = True
 
     def defaults(self, size: str) -> dict[str, Any]:
         """TrainConfig defaults of this family and size (overrides plus the flags above)."""
@@ -154,6 +159,9 @@ register_family(
         sizes=("n", "t", "s"),
         module="libreyolo_core.models.yolox",
         default_imgsz={"n": 416, "t": 416, "s": 640},
+        # YOLOX's trainer steps on the num_fg-normalised loss itself, without clipping
+        # (reference E.3); times the batch its lr0 = 0.01 diverges.
+        scale_loss_by_batch=False,
         # YOLOX recipe (reference E.2): momentum 0.9, quadratic warm-up + cosine with a
         # flat tail over the last no_aug_epochs, then mosaic/mixup off and the L1 term on.
         overrides={
@@ -169,6 +177,7 @@ register_family(
             "mixup": 1.0,
             "ema_decay": 0.9998,
             "workers": 4,
+            "clip_max_norm": None,
         },
     )
 )

@@ -1,9 +1,10 @@
 """Run under torchrun (2 ranks, CPU/Gloo): the DDP gradient equals one process's gradient.
 
 Each rank takes every other image of one fixed 8-image batch, computes the family's loss
-with the normalisers all-reduced (``mean_normalizer``) and back-propagates it times the
-GLOBAL batch through DistributedDataParallel, exactly as the trainer does. Rank 0 also
-computes the single-process gradient of the whole batch (times 8) and writes the largest
+with the normalisers all-reduced (``mean_normalizer``) and back-propagates it through
+DistributedDataParallel with the trainer's factor (the GLOBAL batch for families that
+scale the loss by batch, else 1). Rank 0 also computes the single-process gradient of the
+whole batch (times 8, or 1) and writes the largest
 relative difference to the JSON file named on the command line. BatchNorm layers are put
 in eval mode so batch statistics (per-rank on CPU, where SyncBatchNorm cannot run) do not
 enter the comparison: what is checked is the loss scaling and normalisation.
@@ -73,13 +74,15 @@ def main(name: str, out: str) -> None:
     loss_fn.normalizer_reduce = mean_normalizer(ctx)
     ddp = DistributedDataParallel(model)
     loss, _ = loss_fn(ddp(family.preprocess(images[mine])), shard_targets, len(mine))
-    (loss * len(mine) * ctx.world_size).backward()
+    # the trainer's rule: times the global micro-batch for families that scale by batch, else 1
+    by_batch = spec.scale_loss_by_batch
+    (loss * (len(mine) * ctx.world_size if by_batch else 1)).backward()
     got = gradients(model)
 
     if ctx.is_main:
         ref_loss_fn = family.build_loss(reference)
         ref_loss, _ = ref_loss_fn(reference(family.preprocess(images)), targets, images.shape[0])
-        (ref_loss * images.shape[0]).backward()
+        (ref_loss * (images.shape[0] if by_batch else 1)).backward()
         want = gradients(reference)
         scale = max(float(g.abs().max()) for g in want.values())
         worst = max(float((got[k] - want[k]).abs().max()) for k in want) / scale

@@ -217,9 +217,6 @@ def test_loss_finite_with_and_without_targets_and_backprops():
     assert torch.isfinite(total) and torch.isfinite(items).all()
     assert items[0] > 0 and items[2] > 0 and items[3] == 0  # L1 off
     assert total.item() == pytest.approx(items.sum().item(), rel=1e-5)
-    assert YOLOXLoss(model, per_image=True)(maps, targets, 2)[0].item() == pytest.approx(
-        total.item() / 2, rel=1e-5
-    )
     total.backward()
     assert all(p.grad is not None for p in model.head.reg_preds.parameters())
     model.zero_grad()

@@ -168,11 +168,6 @@ class YOLOXLoss(nn.Module):
             ``strides``); only these numbers are read.
         iou_gain: weight of the IoU term (5.0).
         center_radius, iou_weight, topk: assigner settings (2.5, 3.0, 10).
-        per_image: when True the returned ``total`` is divided by the batch size. The
-            trainer back-propagates ``total x batch`` (docs/architecture.md), like YOLO9's
-            loss; LibreYOLO's YOLOX trainer (reference E.3) back-propagates the
-            ``num_fg``-normalised loss itself, which ``per_image=True`` restores. Default
-            False: the same contract as every other family. ``items`` are never divided.
 
     Attributes:
         item_names: ``("iou", "obj", "cls", "l1")``, the order of the returned items
@@ -205,13 +200,11 @@ class YOLOXLoss(nn.Module):
         center_radius: float = 2.5,
         iou_weight: float = 3.0,
         topk: int = 10,
-        per_image: bool = False,
     ):
         super().__init__()
         self.nc = int(model.nc)
         self.strides = tuple(int(s) for s in model.strides)
         self.iou_gain = float(iou_gain)
-        self.per_image = bool(per_image)
         self.assigner = SimOTAAssigner(center_radius, iou_weight, topk)
         self.use_l1 = False
         self.normalizer_reduce: Callable[[Tensor], Tensor] | None = None
@@ -317,7 +310,4 @@ class YOLOXLoss(nn.Module):
             loss_l1 = x.new_zeros(())
 
         parts = torch.stack((self.iou_gain * loss_iou, loss_obj, loss_cls, loss_l1))
-        total = parts.sum()
-        if self.per_image:
-            total = total / b
-        return total, parts.detach()
+        return parts.sum(), parts.detach()
