@@ -167,7 +167,8 @@ class LibreYOLO:
         return result
 
     def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
-        """The spawn path: autobatch in this process, then one DDP worker per device."""
+        """The spawn path: autobatch in this process, then one DDP worker per device
+        (``devices`` as :func:`parse_devices` gives them; ``["cpu", "cpu"]`` runs Gloo)."""
         from libreyolo_core.distributed.autobatch import global_batch, probe_batch
         from libreyolo_core.distributed.context import per_rank_batch
         from libreyolo_core.distributed.spawn import (
@@ -197,9 +198,13 @@ class LibreYOLO:
             log.info("autobatch: global batch %d for %d devices", batch, world_size)
             cfg = cfg.model_copy(update={"batch": batch})
         per_rank_batch(cfg.batch, world_size)  # fail here, before any process starts
-        ids = [int(d.split(":")[1]) for d in devices]
-        # the workers see only the chosen GPUs, renumbered from 0
-        cfg = cfg.model_copy(update={"device": ",".join(str(i) for i in range(world_size))})
+        ids = None
+        if devices[0].startswith("cuda"):
+            ids = [int(d.split(":")[1]) for d in devices]
+            # the workers see only the chosen GPUs, renumbered from 0
+            cfg = cfg.model_copy(update={"device": ",".join(str(i) for i in range(world_size))})
+        else:
+            cfg = cfg.model_copy(update={"device": "cpu"})
         return spawn_train(cfg, world_size, model=self.model, nc=self.nc, callbacks=callbacks, cuda_ids=ids)
 
     @staticmethod

@@ -1,1 +1,2 @@
-"""Device selection and (with the DDP issue) the spawn and torchrun launch paths."""
+"""Multi-device training: device parsing, the process group, the global batch, autobatch
+and the spawn launcher (docs/architecture.md, "Multi-device")."""

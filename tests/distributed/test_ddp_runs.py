@@ -202,3 +202,34 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_run_resumes(sample_yaml, t
     assert [int(r["epoch"]) for r in _epoch_rows(run)] == [1, 2, 3, 4]
     assert [e["status"] for e in read_events(run / "events.jsonl") if e["event"] == "run_end"] == [
         "interrupted", "succeeded"]
+
+
+class EpochRecorder:
+    """A picklable callback (module-level class): appends ``RANK:epoch`` to a file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, trainer) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(f"{os.environ.get('RANK')}:{trainer.epoch + 1}\n")
+
+
+def test_facade_spawn_path_loads_rank0_best_weights_and_runs_callbacks_on_rank0(sample_yaml, tmp_path,
+                                                                             monkeypatch):
+    # Two GPUs cannot exist here: the device list "0,1" is answered with two CPU devices;
+    # everything after that (autobatch check, spawn, Gloo DDP, loading back) is real.
+    import libreyolo_core.facade as facade
+
+    real = facade.parse_devices
+    monkeypatch.setattr(facade, "parse_devices", lambda d: ["cpu", "cpu"] if d == "0,1" else real(d))
+    record = tmp_path / "epochs.txt"
+    yolo = LibreYOLO("yolo9-t")
+    result = yolo.train(data=sample_yaml, project=tmp_path / "runs", callbacks={
+        "on_epoch_end": [EpochRecorder(record)]}, **{**RUN, "device": "0,1"})
+    assert record.read_text().split() == ["0:1", "0:2"]  # rank 0 alone calls callbacks
+    _only_run_dir(tmp_path / "runs")
+    best = load_checkpoint(result["best_checkpoint"])["model"]
+    trained = yolo.model.state_dict()  # the caller's model now holds rank 0's best weights
+    assert all(torch.equal(trained[k], v) for k, v in best.items())
+    assert yolo.checkpoint == Path(result["best_checkpoint"])
