@@ -403,7 +403,8 @@ class Trainer:
             self._setup()
             self.events.emit("run_start", config=self.cfg.model_dump(mode="json"),
                              run_dir=str(self.run_dir.resolve()), start_epoch=self.start_epoch + 1,
-                             device=str(self.device), amp=self.amp.name)
+                             device=str(self.device), amp=self.amp.name,
+                             world_size=self.dist.world_size, batch=self.batch)
             self._print_header()
             self._fire("on_train_start")
             status = self._loop()

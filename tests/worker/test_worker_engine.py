@@ -23,7 +23,8 @@ def _engine_missing() -> str | None:
 
 
 @pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
-def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, db_url, tmp_path):
+@pytest.mark.parametrize("procs", [1, 2])  # 2: torchrun with two Gloo CPU ranks
+def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, db_url, tmp_path, procs):
     from libreyolo_core.data.sample import generate_sample_dataset
     from service.app import create_app
     from worker.runner import run_job
@@ -37,7 +38,7 @@ def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, 
         _, token = make_user(app.state.sessions)
         with client(srv.url, token) as c:
             r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0,
-                                         "params": {"epochs": 2, "imgsz": 64, "batch": 4,
+                                         "procs": procs, "params": {"epochs": 2, "imgsz": 64, "batch": 4,
                                                     "workers": 0}})
             assert r.status_code == 201, r.text
             job_id = r.json()["id"]
@@ -52,6 +53,7 @@ def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, 
                       if e["kind"] != "log" and e["data"]["event"] != "status"]
             assert engine == engine_lines(run_dir)
             assert [e["epoch"] for e in engine if e["event"] == "epoch_end"] == [1, 2]
+            assert [e["world_size"] for e in engine if e["event"] == "run_start"] == [procs]
             arts = c.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]
             ckpt = next(a for a in arts if a["path"].endswith("last.pt"))
             blob = c.get(ckpt["url"]).content
