@@ -1,6 +1,8 @@
 """The training loop: data -> forward + loss (autocast) -> backward (scaled) -> step -> EMA.
 
-One ``Trainer`` runs one training run of one process. It owns the run directory,
+One ``Trainer`` runs one training run of one process: the whole run on one device, or
+one rank of a DDP job (torchrun or the spawn launcher; see docs/architecture.md,
+"Multi-device"). It owns the run directory,
 ``events.jsonl``, ``results.csv`` and the checkpoints, and it is the place where the
 schedule, accumulation (``nbs``), AMP, EMA, validation, early stopping, resume and
 SIGTERM handling meet. Families plug in through the registry protocol
@@ -81,18 +83,21 @@ def fitness(metrics: dict[str, float]) -> float:
 
 
 class Trainer:
-    """Train one model on one device.
+    """Train one model on one device, or be one rank of a DDP job when the torchrun
+    variables are set (``WORLD_SIZE > 1``).
 
     Args:
-        cfg: the resolved :class:`TrainConfig` (``data`` required).
+        cfg: the resolved :class:`TrainConfig` (``data`` required; ``batch`` is global).
         model: an already built network to train (its ``nc`` must match the dataset);
             ``None`` builds one from the registry.
         callbacks: ``{event: [fn(trainer), ...]}`` for ``on_train_start``,
-            ``on_epoch_end``, ``on_train_end``.
+            ``on_epoch_end``, ``on_train_end`` (called on rank 0 only).
 
     Raises (from :meth:`train`):
-        TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written.
+        TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
+            (under DDP every rank raises it at the same step).
         NonFiniteLossError: ten non-finite losses in a row.
+        ValueError: a global ``batch`` not divisible by the world size.
     """
 
     def __init__(
@@ -127,7 +132,7 @@ class Trainer:
     # -- callbacks / signals ------------------------------------------------------------
     def _fire(self, event: str) -> None:
         """Call the user callbacks of ``event`` (rank 0 only under DDP)."""
-        if not getattr(self, "dist", DistContext()).is_main:
+        if not self.dist.is_main:
             return
         for fn in self.callbacks.get(event, []):
             fn(self)
