@@ -23,6 +23,10 @@ from service.settings import Settings
 
 __all__ = ["main", "app"]
 
+#: ``up`` restarts a child that exits, at most this many times per window (seconds).
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
 app = typer.Typer(help="LibreYOLO training service", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 db_app = typer.Typer(help="database commands", no_args_is_help=True)
@@ -140,7 +144,9 @@ def up(
 
     Everything lives under ``./.libreyolo/`` (SQLite database, SQLite broker, artifacts).
     The token is printed and saved to the credentials file (mode 600) the SDK reads.
-    Ctrl-C or SIGTERM stops both processes (the worker stops its engine first).
+    A child that dies is restarted (up to ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``;
+    then the service stops with exit code 1). Ctrl-C or SIGTERM stops both processes (the
+    worker stops its engine first).
     """
     from service.db.migrate import upgrade
 
@@ -157,12 +163,14 @@ def up(
            "LIBREYOLO_DATABASE_URL": settings.database_url,
            "LIBREYOLO_BROKER_URL": settings.broker_url,
            "LIBREYOLO_ARTIFACT_ROOT": str(settings.artifact_root)}
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--host", host,
-                          "--port", str(port)], env=env, start_new_session=True),
-        subprocess.Popen(_worker_argv(gpus, cpu), env=env, start_new_session=True),
-    ]
+    argvs = {
+        "API": [sys.executable, "-m", "service.cli", "serve", "--host", host, "--port", str(port)],
+        "worker": _worker_argv(gpus, cpu),
+    }
+    procs = {name: subprocess.Popen(argv, env=env, start_new_session=True) for name, argv in argvs.items()}
+    crashes: dict[str, list[float]] = {name: [] for name in argvs}
     stopping = False
+    failed = False
 
     def _stop(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -171,19 +179,26 @@ def up(
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     try:
-        while not stopping and all(p.poll() is None for p in procs):
+        while not stopping and not failed:
             time.sleep(0.2)
-        if not stopping:
-            for name, p in zip(("API", "worker"), procs, strict=True):
-                if p.poll() is not None:
-                    typer.echo(f"the {name} process exited (code {p.returncode}): stopping the "
-                               "service; run `up` again — a job that was running goes back to "
-                               f"the queue when its lease ({settings.lease_s:.0f} s) expires and "
-                               "resumes from last.pt", err=True)
+            for name, p in procs.items():
+                if p.poll() is None or stopping:
+                    continue
+                now = time.monotonic()
+                crashes[name] = [t for t in crashes[name] if now - t < RESTART_WINDOW_S] + [now]
+                if len(crashes[name]) > MAX_RESTARTS:
+                    typer.echo(f"the {name} process exited {len(crashes[name])} times in "
+                               f"{RESTART_WINDOW_S:.0f} s (last code {p.returncode}): stopping the service",
+                               err=True)
+                    failed = True
+                    break
+                typer.echo(f"the {name} process exited (code {p.returncode}); restarting it. A job it "
+                           f"was running goes back to the queue when its lease ({settings.lease_s:.0f} s) "
+                           "expires and resumes from last.pt", err=True)
+                procs[name] = subprocess.Popen(argvs[name], env=env, start_new_session=True)
     finally:
-        _shutdown(procs, settings.grace_s + 10)
-    codes = [p.returncode for p in procs]
-    raise typer.Exit(0 if stopping else next((c for c in codes if c), 1))
+        _shutdown(list(procs.values()), settings.grace_s + 10)
+    raise typer.Exit(1 if failed else 0)
 
 
 def _shutdown(procs: list[subprocess.Popen], timeout_s: float) -> None:

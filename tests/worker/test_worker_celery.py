@@ -171,8 +171,8 @@ def test_redis_broker_and_lost_message_is_resent(make_settings, sqlite_url, tmp_
 
 
 def test_up_embedded_mode_runs_a_job_and_stops_cleanly(tmp_path):
-    """`libreyolo-service up`: token saved (mode 600), API + worker, a job succeeds, and
-    SIGTERM leaves no child process."""
+    """`libreyolo-service up`: token saved (mode 600), API + worker, a job succeeds, a
+    killed worker is restarted and the next job succeeds, and SIGTERM leaves no child."""
     from testkit import fake_engine
 
     port = free_port()
@@ -200,11 +200,22 @@ def test_up_embedded_mode_runs_a_job_and_stops_cleanly(tmp_path):
         assert (tmp_path / ".libreyolo" / "libreyolo.db").exists()
         children = _children(up.pid)
         assert len(children) == 2
+        # the worker dies (kill -9): `up` starts a new one and the next job still runs
+        worker = next(pid for pid in children if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: len(kids := _children(up.pid)) == 2 and worker not in kids, timeout=60,
+                 what="a restarted worker")
+        with client(saved["url"], saved["token"]) as c:
+            job_id = submit(c, str(write_data_yaml(tmp_path / "ds2")), epochs=1)
+            job = wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["status"] in
+                           ("succeeded", "failed") and j, timeout=120, what="success after restart")
+            assert job["status"] == "succeeded"
+        children = _children(up.pid)
     finally:
         up.send_signal(signal.SIGTERM)
         out, _ = up.communicate(timeout=60)
     assert up.returncode == 0, out
-    assert saved["token"] in out
+    assert saved["token"] in out and "the worker process exited (code -9); restarting it" in out
     for pid in children:
         wait_for(lambda pid=pid: not pid_alive(pid), timeout=10, what=f"child {pid} to exit")
 
