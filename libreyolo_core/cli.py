@@ -117,15 +117,20 @@ def cmd_train(keys: dict[str, Any]) -> int:
             if spec.get(k) not in (None, ""):
                 merged[k] = spec[k]
         keys = {**merged, **keys}
+    from libreyolo_core.distributed.batch import per_rank_batch
+    from libreyolo_core.distributed.context import torchrun_env
     from libreyolo_core.facade import LibreYOLO
 
     model = keys.pop("model", None) or "yolo9-t"
     if str(model).endswith(".pt") or Path(str(model)).is_file():  # fine-tune a checkpoint
         yolo = LibreYOLO(model)
-        resolve_config({**keys, "model": yolo.name})
+        cfg = resolve_config({**keys, "model": yolo.name})
     else:
-        resolve_config({**keys, "model": model})  # every key checked before anything heavy
+        cfg = resolve_config({**keys, "model": model})  # every key checked before anything heavy
         yolo = LibreYOLO(model)
+    env = torchrun_env()
+    if env is not None and cfg.batch != -1 and not cfg.resume:  # before the dataset scan
+        per_rank_batch(cfg.batch, env[2])
     result = yolo.train(**keys)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
         return EXIT_OK
@@ -245,6 +250,8 @@ HANDLERS: dict[str, Callable[[dict[str, Any]], int]] = {
 def run(argv: Sequence[str]) -> int:
     """Run one command; returns the exit code (errors are printed, not raised)."""
     from libreyolo_core.config import ConfigError
+    from libreyolo_core.distributed.batch import BatchSizeError
+    from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.models.registry import ModelNameError
 
     try:
@@ -254,8 +261,9 @@ def run(argv: Sequence[str]) -> int:
             return profile_main(list(argv[1:]))
         command, keys = parse_args(argv)
         return HANDLERS[command](keys)
-    except (UsageError, ConfigError, ModelNameError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (UsageError, ConfigError, ModelNameError, BatchSizeError, DeviceError) as exc:
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
+            print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -267,7 +275,6 @@ def run(argv: Sequence[str]) -> int:
 def _exit_for(exc: Exception) -> int:
     from libreyolo_core.data.config import DataConfigError
     from libreyolo_core.data.scan import DatasetError
-    from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.engine.checkpoint import CheckpointError
     from libreyolo_core.profiler import ProfileWindowError
 
@@ -280,8 +287,6 @@ def _exit_for(exc: Exception) -> int:
         return EXIT_DATA
     if isinstance(exc, CheckpointError):
         return EXIT_MODEL
-    if isinstance(exc, DeviceError):
-        return EXIT_USAGE
     if isinstance(exc, FileNotFoundError):
         return EXIT_DATA
     logging.getLogger(__name__).debug("traceback", exc_info=exc)

@@ -3,7 +3,11 @@ uses it to reject a bad job before it is queued."""
 
 from __future__ import annotations
 
-__all__ = ["nearest_valid_batches", "per_rank_batch"]
+__all__ = ["BatchSizeError", "nearest_valid_batches", "per_rank_batch"]
+
+
+class BatchSizeError(ValueError):
+    """A global batch that cannot be split evenly over the ranks (or is not positive)."""
 
 
 def nearest_valid_batches(batch: int, world_size: int) -> list[int]:
@@ -17,14 +21,14 @@ def per_rank_batch(batch: int, world_size: int) -> int:
     """Images per rank for the **global** ``batch``.
 
     Raises:
-        ValueError: ``batch < 1``, or ``batch`` not divisible by ``world_size``; the
+        BatchSizeError: ``batch < 1``, or ``batch`` not divisible by ``world_size``; the
             message names both numbers and the nearest valid global batches.
     """
     if batch < 1:
-        raise ValueError(f"batch={batch}: use a positive global batch size, or -1 for autobatch")
+        raise BatchSizeError(f"batch={batch}: use a positive global batch size, or -1 for autobatch")
     if batch % world_size:
         choices = " or ".join(f"batch={b}" for b in nearest_valid_batches(batch, world_size))
-        raise ValueError(
+        raise BatchSizeError(
             f"batch={batch} is the GLOBAL batch size and must be divisible by world_size={world_size} "
             f"(each of the {world_size} ranks loads batch/world_size images; a silent round-down would "
             f"train on fewer images than asked). Use {choices}."

@@ -234,3 +234,15 @@ def test_facade_spawn_path_loads_rank0_best_weights_and_runs_callbacks_on_rank0(
     trained = yolo.model.state_dict()  # the caller's model now holds rank 0's best weights
     assert all(torch.equal(trained[k], v) for k, v in best.items())
     assert yolo.checkpoint == Path(result["best_checkpoint"])
+
+
+def test_torchrun_batch_not_divisible_is_one_usage_error(sample_yaml, tmp_path):
+    cmd = _torchrun("-m", "libreyolo_core.cli", "train", *_keys(data=sample_yaml, batch=6, device="cpu",
+                                                               project=tmp_path / "runs"))
+    cmd[cmd.index("--nproc_per_node=2")] = "--nproc_per_node=4"
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "batch=4 or batch=8" in errors[0], proc.stderr[-2000:]
+    assert "exitcode  : 2" in proc.stderr  # the usage exit code, on every rank
+    assert not (tmp_path / "runs").exists()
