@@ -81,14 +81,7 @@ class LibreYOLO:
         self.checkpoint: Path | None = None
         text = str(model)
         if text.endswith(".pt") or Path(text).is_file():
-            ckpt = load_checkpoint(text)
-            self.spec, self.size = get_family(ckpt["model_family"]), ckpt["size"]
-            self.family = load_family(self.spec)
-            self.nc, self.names = int(ckpt["nc"]), dict(ckpt["names"])
-            self.model = self.family.build_model(self.size, self.nc)
-            self.model.load_state_dict(ckpt["model"])
-            self.imgsz = int(ckpt.get("imgsz", 640))
-            self.checkpoint = Path(text)
+            self._adopt(load_checkpoint(text), Path(text))
         else:
             self.spec, self.size = parse_model_name(text)
             self.family = load_family(self.spec)
@@ -98,6 +91,17 @@ class LibreYOLO:
             self.imgsz = self.spec.default_imgsz[self.size]
         self.name = f"{self.spec.name}-{self.size}"
         self.model.eval()
+
+    def _adopt(self, ckpt: dict[str, Any], path: Path) -> None:
+        """Become the model stored in ``ckpt`` (family, size, classes, EMA weights)."""
+        self.spec, self.size = get_family(ckpt["model_family"]), ckpt["size"]
+        self.family = load_family(self.spec)
+        self.nc, self.names = int(ckpt["nc"]), dict(ckpt["names"])
+        self.model = self.family.build_model(self.size, self.nc)
+        self.model.load_state_dict(ckpt["model"])
+        self.imgsz = int(ckpt.get("imgsz", 640))
+        self.checkpoint = path
+        self.name = f"{self.spec.name}-{self.size}"
 
     def __repr__(self) -> str:
         src = f", checkpoint={str(self.checkpoint)!r}" if self.checkpoint else ""
@@ -137,8 +141,17 @@ class LibreYOLO:
         from libreyolo_core.data.config import load_data_config
         from libreyolo_core.engine.trainer import Trainer
 
+        resumed = self._resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
+        if resumed is not None:
+            path, ckpt = resumed
+            if (ckpt["model_family"], ckpt["size"]) != (self.spec.name, self.size):
+                log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
+                         ckpt["size"])
+                self._adopt(ckpt, path)
+            if data is None:
+                data = ckpt.get("config", {}).get("data") or ""
         if data is None:
-            data = self._resume_data(overrides.get("resume"), overrides.get("project", "runs/train"))
+            raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
         cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
         names = load_data_config(cfg.data).names
         if self.checkpoint is None:
@@ -208,16 +221,17 @@ class LibreYOLO:
         return spawn_train(cfg, world_size, model=self.model, nc=self.nc, callbacks=callbacks, cuda_ids=ids)
 
     @staticmethod
-    def _resume_data(resume: Any, project: str) -> str:
-        """The dataset of the checkpoint a ``resume`` continues (``data`` may be omitted then)."""
+    def _resume_checkpoint(resume: Any, project: str) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint a ``resume`` continues (its model and dataset are the defaults of
+        the resumed run), or None without ``resume``."""
         from libreyolo_core.config import TrainConfig
         from libreyolo_core.engine.rundir import latest_last_checkpoint
 
         flag = TrainConfig._resume(resume) if resume is not None else False
         if not flag:
-            raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+            return None
         path = latest_last_checkpoint(project) if flag is True else Path(str(flag))
-        return str(load_checkpoint(path).get("config", {}).get("data") or "")
+        return path, load_checkpoint(path)
 
     # -- validation -----------------------------------------------------------------------
     def val(

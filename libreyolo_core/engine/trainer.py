@@ -50,7 +50,7 @@ from libreyolo_core.distributed.context import (
     per_rank_batch,
 )
 from libreyolo_core.engine.amp import resolve_amp
-from libreyolo_core.engine.checkpoint import load_checkpoint, save_checkpoint
+from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
@@ -197,7 +197,8 @@ class Trainer:
         val_report = scan_split(self.data_cfg, val_split) if cfg.val and main else None
 
         # model (DDP broadcasts rank 0's weights when it wraps the model below)
-        if self.model is None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
+        # a resumed run takes every weight from its checkpoint: build its own model
+        if self.model is None or ckpt is not None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
             self.model = self.family.build_model(self.size, self.nc)
         self.model.to(self.device)
         self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
@@ -327,7 +328,9 @@ class Trainer:
         try:
             model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         except RuntimeError as exc:
-            raise RuntimeError(f"cannot resume: model architecture mismatch ({exc})") from None
+            detail = str(exc).splitlines()[0][:300]
+            raise CheckpointError(f"{self._resume_path}: its weights do not fit {self.spec.title}-{self.size} "
+                                  f"({detail})") from None
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.ema is not None and "model" in ckpt:
             self.ema.module.load_state_dict(ckpt["model"])

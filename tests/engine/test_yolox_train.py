@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,10 @@ def test_resume_across_the_l1_boundary_keeps_l1_on(sample_yaml, tmp_path):
         LibreYOLO("yolox-n").train(data=sample_yaml, project=tmp_path, name="cut", workers=0,
                                    callbacks={"on_epoch_end": [stop_after_three]}, **SWITCH)
     last = tmp_path / "cut" / "weights" / "last.pt"
-    LibreYOLO("yolox-n").train(data=sample_yaml, resume=str(last))
+    # as a user would: only the checkpoint, no model= or data= (both come from it)
+    done = subprocess.run([sys.executable, "-m", "libreyolo_core.cli", "train", f"resume={last}"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = _rows(tmp_path / "cut")
     assert [r["epoch"] for r in rows] == ["1", "2", "3", "4"]
     assert float(rows[3]["train/l1_loss"]) > 0
