@@ -15,9 +15,11 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,11 +109,13 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
             callbacks: dict[str, list[Callable]] | None, result_path: str) -> None:
     """One spawned rank: torchrun variables, the model from ``weights``, the trainer."""
     from libreyolo_core.distributed.context import destroy_distributed
-    from libreyolo_core.engine.trainer import Trainer
+    from libreyolo_core.engine.trainer import Trainer, TrainingInterrupted
     from libreyolo_core.models.registry import load_family, parse_model_name
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks must not oversubscribe cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     config = TrainConfig(**cfg)
     model = None
     if weights is not None:
@@ -121,6 +125,8 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
         model.load_state_dict(state["model"])
     try:
         result = Trainer(config, model=model, callbacks=callbacks).train()
+    except TrainingInterrupted as exc:  # every rank stops at the same step; rank 0 saved last.pt
+        result = {"interrupted": str(exc)}
     finally:
         destroy_distributed()
     if rank == 0:
@@ -157,6 +163,8 @@ def spawn_train(
         RuntimeError: an unpicklable callback; ``world_size < 1``.
         torch.multiprocessing.ProcessRaisedException: a rank raised; carries that rank's
             traceback (the other ranks are terminated at once).
+        TrainingInterrupted: this process got SIGTERM: it was passed on to the ranks,
+            which stopped at the same step after rank 0 saved ``last.pt``.
     """
     if in_spawned_bootstrap():
         raise MainGuardError(GUARD_MESSAGE)
@@ -174,8 +182,48 @@ def spawn_train(
         result_path = str(Path(tmp) / "result.json")
         port = free_port()
         with _visible_devices(cuda_ids):
-            torch.multiprocessing.spawn(
+            context = torch.multiprocessing.start_processes(
                 _worker, args=(world_size, port, cfg.model_dump(mode="json"), weights, callbacks,
-                               result_path), nprocs=world_size, join=True,
+                               result_path), nprocs=world_size, join=False, start_method="spawn",
             )
-        return json.loads(Path(result_path).read_text(encoding="utf-8"))
+        _join(context)
+        result = json.loads(Path(result_path).read_text(encoding="utf-8"))
+    if "interrupted" in result:
+        from libreyolo_core.engine.trainer import TrainingInterrupted
+
+        raise TrainingInterrupted(result["interrupted"])
+    return result
+
+
+def _join(context: torch.multiprocessing.ProcessContext) -> None:
+    """Wait for the ranks. SIGTERM to this process is passed on to every rank (they stop at
+    one step and rank 0 saves ``last.pt``); a rank that dies ends the others.
+
+    Raises:
+        torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback inside).
+        RuntimeError: a rank exited without a Python error (a signal, or a failure while it
+            imported the caller's script).
+    """
+
+    def forward(signum: int, _frame: object) -> None:
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward) if main_thread else None
+    try:
+        while not context.join(timeout=1.0, grace_period=10.0):
+            pass
+    except torch.multiprocessing.ProcessExitedException as exc:
+        if exc.signal_name:
+            raise RuntimeError(f"DDP rank {exc.error_index} (pid {exc.error_pid}) was killed by "
+                               f"{exc.signal_name}; the other ranks were stopped") from None
+        raise RuntimeError(
+            f"DDP rank {exc.error_index} exited with code {exc.exit_code} before it could report an "
+            "error (its output is above). At start-up the usual cause is a script without the main "
+            "guard: put the training call under `if __name__ == \"__main__\":`."
+        ) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

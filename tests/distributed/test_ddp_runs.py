@@ -132,6 +132,8 @@ def test_missing_main_guard_is_named(sample_yaml, tmp_path):
                           env=_env(), cwd=tmp_path)
     assert proc.returncode != 0
     assert 'if __name__ == "__main__":' in proc.stderr and "MainGuardError" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # the parent's own last word names the guard too
+    assert last.startswith("RuntimeError: DDP rank") and "main guard" in last, last
     assert not (tmp_path / "runs").exists()  # no rank got as far as training
 
 
@@ -246,3 +248,41 @@ def test_torchrun_batch_not_divisible_is_one_usage_error(sample_yaml, tmp_path):
     assert len(errors) == 1 and "batch=4 or batch=8" in errors[0], proc.stderr[-2000:]
     assert "exitcode  : 2" in proc.stderr  # the usage exit code, on every rank
     assert not (tmp_path / "runs").exists()
+
+
+def test_sigterm_to_the_spawn_parent_stops_the_ranks_and_saves_last_pt(sample_yaml, tmp_path):
+    project = tmp_path / "runs"
+    script = tmp_path / "guarded.py"
+    script.write_text(
+        "import sys\n"
+        "from libreyolo_core.config import resolve_config\n"
+        "from libreyolo_core.distributed.spawn import spawn_train\n"
+        "from libreyolo_core.engine.trainer import TrainingInterrupted\n"
+        "if __name__ == '__main__':\n"
+        f"    cfg = resolve_config({{'model': 'yolo9-t', 'data': {str(sample_yaml)!r}, 'project': {str(project)!r},\n"
+        f"                          **{dict(RUN, epochs=50)!r}}})\n"
+        "    try:\n"
+        "        spawn_train(cfg, 2)\n"
+        "    except TrainingInterrupted as exc:\n"
+        "        print('interrupted:', exc)\n"
+        "        sys.exit(143)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            events = list(project.glob("*/events.jsonl"))
+            if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the parent only, as a job scheduler would
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    run = _only_run_dir(project)
+    ends = [e for e in read_events(run / "events.jsonl") if e["event"] == "run_end"]
+    assert [e["status"] for e in ends] == ["interrupted"]
+    assert load_checkpoint(run / "weights" / "last.pt")["epoch"] >= 0
