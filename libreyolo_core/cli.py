@@ -264,12 +264,34 @@ def run(argv: Sequence[str]) -> int:
     except (UsageError, ConfigError, ModelNameError, BatchSizeError, DeviceError) as exc:
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
             print(f"error: {exc}", file=sys.stderr)
+        _record_error(EXIT_USAGE, exc)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - map every failure to an exit code
-        return _exit_for(exc)
+        code = _exit_for(exc)
+        if code != EXIT_SIGTERM:
+            _record_error(code, exc)
+        return code
+
+
+def _record_error(code: int, exc: BaseException) -> None:
+    """Leave the failure where a supervisor can read it: ``$LIBREYOLO_ERROR_FILE`` gets
+    ``{"exit_code", "error", "rank"}``. The first rank to fail writes it; the others (who
+    usually fail because of it) leave it alone. Under torchrun the launcher's own exit code
+    is always 1, so this is how the service tells a data error from a crash."""
+    path = os.environ.get("LIBREYOLO_ERROR_FILE")
+    if not path:
+        return
+    record = {"exit_code": code, "error": f"{type(exc).__name__}: {exc}"[:2000],
+              "rank": int(os.environ.get("RANK", "0"))}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # already written by the first failing rank, or no such folder
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
 
 
 def _exit_for(exc: Exception) -> int:

@@ -40,6 +40,9 @@ EXIT_REASONS = {
     143: "terminated (SIGTERM)",
     -15: "terminated (SIGTERM)", -9: "killed (SIGKILL)", 137: "killed (SIGKILL)",
 }
+#: What the engine writes when it fails (``$LIBREYOLO_ERROR_FILE``): its exit code and
+#: error line, which a torchrun launcher (always exit 1) would hide.
+ENGINE_ERROR_FILE = "engine_error.json"
 METRIC_EVENTS = {"epoch_start", "progress", "epoch_end", "profile"}
 MAX_LOG_LINES_PER_EVENT = 500
 MAX_READ_BYTES = 4 << 20
@@ -322,6 +325,15 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
         ``"lost"`` (the lease was taken away, e.g. by the reaper).
     """
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    if stop is not None and stop.is_set():
+        # A message this worker took while shutting down (it can be the very job it just
+        # re-queued): starting an attempt only to kill it would burn one of max_attempts.
+        # Leave the job queued and put the message back for the next worker.
+        queued = read_job(sessions, job_id)
+        if queued is not None and queued.status == "queued" and on_requeue is not None:
+            on_requeue(job_id, queued.queue, queued.priority)
+        log.info("job %s: worker shutting down; message handed back", job_id)
+        return "skipped"
     store = ArtifactStore(settings.artifact_root)
     job = _claim(sessions, job_id, worker_id, settings.lease_s)
     if job is None:
@@ -343,6 +355,9 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
     os.replace(tmp, spec_path)
     argv = command(spec_path, world_size(job.gpus, job.procs), settings)
     env = build_env(gpu_ids, job.gpus)
+    error_file = run.job_dir / ENGINE_ERROR_FILE
+    error_file.unlink(missing_ok=True)  # a previous attempt's
+    env["LIBREYOLO_ERROR_FILE"] = str(error_file)
     log.info("job %s attempt %d: %s", job_id, job.attempt, " ".join(argv))
     with open(store.log_path(job_id), "ab") as logf:
         try:
@@ -439,11 +454,28 @@ def _conclude(run: _Run, rc: int, term_reason: str | None, job: Job) -> str:
         error = {"reason": reason, "exit_code": rc, "log_tail": run.log_tail}
         if run.run_end and run.run_end.get("error"):
             error["engine_error"] = run.run_end["error"]
-        event = {"reason": reason, "exit_code": rc}
+        engine = _engine_error(run.job_dir / ENGINE_ERROR_FILE)
+        if engine is not None and engine["exit_code"] != rc:  # torchrun's 1 hides the engine's code
+            error.update(reason=EXIT_REASONS.get(engine["exit_code"], f"exit code {engine['exit_code']}"),
+                         exit_code=engine["exit_code"], launcher_exit_code=rc)
+        if engine is not None:
+            error["engine_error"] = engine["error"]
+            error["failed_rank"] = engine["rank"]
+        event = {"reason": error["reason"], "exit_code": error["exit_code"]}
     if not run.finish(status, result=result, error=error, event=event):
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, status, rc)
     return status
+
+
+def _engine_error(path: Path) -> dict[str, Any] | None:
+    """The engine's error record, if it left one (see :data:`ENGINE_ERROR_FILE`)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return {"exit_code": int(record["exit_code"]), "error": str(record["error"]),
+                "rank": int(record.get("rank", 0))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_job(sessions: sessionmaker[Session], job_id: str) -> Job | None:

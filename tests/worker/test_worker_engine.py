@@ -60,3 +60,31 @@ def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, 
             assert hashlib.sha256(blob).hexdigest() == ckpt["sha256"]
     finally:
         srv.stop()
+
+
+@pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+@pytest.mark.parametrize("procs", [1, 2])
+def test_engine_failure_keeps_its_exit_code_and_error_under_torchrun(make_settings, db_url, tmp_path, procs):
+    """torchrun exits 1 whatever failed; the job still says 'data error' and why."""
+    from service.app import create_app
+    from worker.runner import run_job
+
+    data = tmp_path / "broken.yaml"
+    data.write_text("path: .\ntrain: images/nope\nval: images/nope\nnames: {0: a}\n")
+    settings = make_settings(db_url, engine_command=None, heartbeat_s=2, poll_interval_s=0.2, lease_s=120)
+    app = create_app(settings)
+    srv = ServerThread(app).start()
+    try:
+        _, token = make_user(app.state.sessions)
+        with client(srv.url, token) as c:
+            r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0, "procs": procs,
+                                         "params": {"epochs": 1, "imgsz": 64, "batch": 4, "workers": 0}})
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            assert run_job(job_id, settings=settings, sessions=app.state.sessions) == "failed"
+            error = c.get(f"/v1/jobs/{job_id}").json()["error"]
+    finally:
+        srv.stop()
+    assert error["exit_code"] == 3 and error["reason"] == "data error", error
+    assert "images/nope" in error["engine_error"] and error["failed_rank"] in range(procs)
+    assert error.get("launcher_exit_code") == (1 if procs == 2 else None)

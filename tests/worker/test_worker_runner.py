@@ -176,6 +176,12 @@ def test_worker_shutdown_requeues_for_resume(settings, sessions):
     assert out["s"] == "queued" and sent == [(job_id, "cpu", 0)]
     job = job_row(sessions, job_id)
     assert job.status == "queued" and job.attempt == 1
+    # the shutting-down worker takes the re-sent message itself: it hands it back without
+    # starting (and killing) an attempt
+    assert run_job(job_id, settings=settings, sessions=sessions, stop=stop,
+                   on_requeue=lambda *a: sent.append(a)) == "skipped"
+    job = job_row(sessions, job_id)
+    assert job.status == "queued" and job.attempt == 1 and len(sent) == 2
 
 
 def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
