@@ -228,9 +228,9 @@ def cmd_info(keys: dict[str, Any]) -> int:
 
     _check_keys("info", keys)
     model = LibreYOLO(keys.get("model", "yolo9-t"))
-    imgsz = int(keys.get("imgsz", model.imgsz))
-    info = model.info(imgsz)
-    print(f"{model.name}: {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {imgsz}x{imgsz}")
+    info = model.info(int(keys.get("imgsz", model.imgsz)))
+    size = info["imgsz"]
+    print(f"{model.name}: {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {size}x{size}")
     return EXIT_OK
 
 

@@ -266,7 +266,7 @@ class LibreYOLO:
             raise DataConfigError(f"{dc.yaml_path}: {len(dc.names)} classes but the model has {self.nc}")
         dev = select_device(device)
         report = scan_split(dc, split)
-        ds = YOLODataset(report, imgsz or self.imgsz, augment=False, hyp={}, cache=False)
+        ds = YOLODataset(report, self._inference_size(imgsz), augment=False, hyp={}, cache=False)
         loader = build_dataloader(ds, batch, workers, shuffle=False)
         self.model.to(dev)
         try:
@@ -305,7 +305,7 @@ class LibreYOLO:
         from libreyolo_core.distributed.device import select_device
         from libreyolo_core.models.postprocess import scale_boxes
 
-        size = imgsz or self.imgsz
+        size = self._inference_size(imgsz)
         dev = select_device(device)
         net = self.model.to(dev).eval()
         out = []
@@ -355,8 +355,23 @@ class LibreYOLO:
                 yield item, None
 
     # -- misc -------------------------------------------------------------------------------
+    def _inference_size(self, imgsz: int | None) -> int:
+        """``imgsz`` (default: the training size) rounded up to a multiple of the family's
+        stride, with a warning (as Ultralytics does): the feature maps of the levels must
+        line up for the neck to concatenate them."""
+        size = int(imgsz or self.imgsz)
+        stride = self.spec.stride
+        if size % stride:
+            fixed = -(-size // stride) * stride
+            log.warning("imgsz=%d is not a multiple of %s's stride %d; using imgsz=%d", size, self.name,
+                        stride, fixed)
+            size = fixed
+        return size
+
     def info(self, imgsz: int | None = None) -> dict[str, Any]:
-        """Parameter count and GFLOPs (2 x MAC) at ``imgsz``."""
+        """Parameter count and GFLOPs (2 x MAC) at ``imgsz`` (rounded up to a multiple of the
+        stride); the size used is returned as ``imgsz``."""
         from libreyolo_core.models.flops import model_info
 
-        return model_info(self.model, imgsz or self.imgsz)
+        size = self._inference_size(imgsz)
+        return {**model_info(self.model, size), "imgsz": size}

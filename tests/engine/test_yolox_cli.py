@@ -41,6 +41,11 @@ def test_yolox_checkpoint_trains_validates_and_predicts_through_the_cli(sample_y
     rows = [json.loads(line) for line in pred.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == len(list(images.iterdir()))
     assert all(len(r["boxes"]) == len(r["scores"]) for r in rows) and any(r["boxes"] for r in rows)
+    # a size that is no multiple of the stride is rounded up (a warning), not a crash
+    odd = _cli("predict", f"model={best}", f"source={images}", "imgsz=100", "json=true", cwd=tmp_path)
+    assert odd.returncode == 0 and "using imgsz=128" in odd.stderr, odd.stderr[-3000:]
+    info = _cli("info", "model=yolox-s", "imgsz=100", cwd=tmp_path)
+    assert info.returncode == 0 and "at 128x128" in info.stdout, info.stderr[-3000:]
     facade = LibreYOLO(best)
     assert facade.name == "yolox-n" and facade.nc == 4
     assert facade.predict(next(images.iterdir()), conf=0.0)[0].boxes.shape[1] == 4
