@@ -166,6 +166,7 @@ def submit(
     model: Annotated[str, typer.Option("--model", "-m", help="e.g. yolo9-t")] = "yolo9-t",
     kind: Annotated[str, typer.Option(help="train or profile")] = "train",
     gpus: Annotated[int | None, typer.Option(help="0 (CPU), 1, 2, 4 or 8")] = None,
+    procs: Annotated[int, typer.Option(help="CPU ranks of a --gpus 0 job (DDP over Gloo)")] = 1,
     priority: Annotated[int, typer.Option(help="0..9")] = 0,
     time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f",
@@ -173,7 +174,7 @@ def submit(
 ) -> None:
     """Submit a job and print its id (with -f: follow it to the end)."""
     with _client() as c:
-        job = c.submit(kind, model, data, gpus=gpus, priority=priority,
+        job = c.submit(kind, model, data, gpus=gpus, procs=procs, priority=priority,
                        time_budget_s=time_budget_s, params=parse_params(params or []))
         typer.echo(job.id)
         typer.echo(f"page: {job.page_url}", err=True)

@@ -83,7 +83,7 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
         raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
                       allowed=exc.allowed) from None
     world = gpus or body.procs
-    if body.kind == "profile" and world > 1:
+    if (body.kind == "profile" or cfg.profile) and world > 1:
         raise Problem(422, f"{'gpus' if gpus else 'procs'}: a profile job runs on one device (the "
                       "training profiler does not run under DDP); use 1", field="gpus" if gpus else "procs",
                       value=world, allowed=[1])

@@ -95,6 +95,7 @@ def test_submit_get_list(alice, data_yaml):
     ({"params": {"batch": 10}, "procs": 4}, "params.batch", "Use batch=8 or batch=12"),
     ({"params": {"batch": 6}, "gpus": 4}, "params.batch", "Use batch=4 or batch=8"),
     ({"kind": "profile", "procs": 2}, "procs", "does not run under DDP"),
+    ({"params": {"profile": True}, "procs": 2}, "procs", "does not run under DDP"),
     ({"params": {"project": "/tmp"}}, "params.project", "set by the service"),
     ({"model": "yolo9-q"}, "model", "unknown model"),
     ({"gpus": 3}, "gpus", "not one of"),
