@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from libreyolo_core.distributed.batch import per_rank_batch
-from libreyolo_core.distributed.device import DeviceError, parse_devices, select_device
+from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device, select_device
 
 __all__ = [
     "PG_TIMEOUT",
@@ -89,8 +89,9 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     """Join the torchrun job this process belongs to and pick its device.
 
     Backend: NCCL when the job trains on CUDA and NCCL is built, else Gloo (so CPU-only
-    machines, CI included, run real 2-rank DDP). Device: ``cuda:LOCAL_RANK`` on CUDA, else
-    the CPU (``device="cpu"`` forces the CPU even where CUDA exists). Timeout: 3 h.
+    machines, CI included, run real 2-rank DDP). Device: on CUDA the rank's GPU
+    (:func:`~libreyolo_core.distributed.device.rank_device`: ``cuda:LOCAL_RANK``, or the
+    ``LOCAL_RANK``-th of ``device`` when it names one GPU per process), else the CPU (``device="cpu"`` forces the CPU even where CUDA exists). Timeout: 3 h.
 
     Without the torchrun environment (or with ``WORLD_SIZE=1``) nothing is initialised and
     the context says ``world_size=1``.
@@ -108,14 +109,16 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     if text == "mps":
         raise DeviceError("device='mps' cannot train under DDP (no collective backend for MPS); "
                           "use device='cpu' or CUDA devices")
-    if text != "cpu":
-        parse_devices(device)  # a malformed value or a missing CUDA index fails here, on every rank
+    # a malformed value or a missing CUDA index fails here, on every rank
+    names = parse_devices(device) if text != "cpu" else ["cpu"]
     use_cuda = torch.cuda.is_available() and text != "cpu"
     if use_cuda:
         if local_rank >= torch.cuda.device_count():
             raise DeviceError(f"LOCAL_RANK={local_rank} but this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
-        torch_device = torch.device(f"cuda:{local_rank}")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        explicit = text not in ("auto", "", "cuda", "none")
+        torch_device = torch.device(rank_device(names if explicit else [], local_rank, local_world))
         torch.cuda.set_device(torch_device)
     else:
         torch_device = torch.device("cpu")

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-__all__ = ["DeviceError", "parse_devices", "select_device"]
+__all__ = ["DeviceError", "parse_devices", "rank_device", "select_device"]
 
 
 class DeviceError(ValueError):
@@ -35,7 +35,12 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return ["mps"]
         return ["cpu"]
-    if text in ("cpu", "mps"):
+    if text == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise DeviceError("device='mps': Apple's Metal (MPS) is not available on this machine; "
+                              "use 'cpu' or a CUDA device")
+        return [text]
+    if text == "cpu":
         return [text]
     if text == "cuda":
         text = "0"
@@ -51,6 +56,27 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
         have = f"indices 0..{count - 1}" if count else "no CUDA device"
         raise DeviceError(f"device={device!r}: CUDA device {bad[0]} does not exist (this machine has {have})")
     return [f"cuda:{p}" for p in parts]
+
+
+def rank_device(names: list[str], local_rank: int, local_world_size: int) -> str:
+    """The CUDA device of one torchrun rank, given the parsed ``device`` list ``names``.
+
+    One name per local process (``device="2,3"`` with ``--nproc_per_node=2``): rank ``i``
+    takes the ``i``-th; otherwise (``auto``, one index) ``cuda:LOCAL_RANK``, torchrun's
+    convention (restrict GPUs with ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        DeviceError: several GPUs named, but not one per local process.
+    """
+    if len(names) == local_world_size:
+        return names[local_rank]
+    if len(names) > 1:
+        raise DeviceError(
+            f"device names {len(names)} GPUs ({','.join(names)}) but torchrun started {local_world_size} "
+            "processes on this machine: name one GPU per process, or leave device unset and choose GPUs "
+            "with CUDA_VISIBLE_DEVICES"
+        )
+    return f"cuda:{local_rank}"
 
 
 def select_device(device: str | int | list[int] | None) -> torch.device:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import io
 import logging
 import math
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 
 _NULL = contextlib.nullcontext()
 
+#: The events ``callbacks`` may name (called on rank 0 with the trainer).
+CALLBACK_EVENTS = ("on_train_start", "on_epoch_end", "on_train_end")
+
 #: Consecutive non-finite losses that stop a run.
 MAX_NONFINITE_STREAK = 10
 
@@ -108,6 +112,11 @@ class Trainer:
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+        for event in callbacks or {}:
+            if event not in CALLBACK_EVENTS:
+                close = difflib.get_close_matches(str(event), CALLBACK_EVENTS, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"callbacks: unknown event {event!r}.{hint} Events: {', '.join(CALLBACK_EVENTS)}")
         self.cfg = cfg
         self.callbacks = callbacks or {}
         self.model = model
@@ -249,6 +258,9 @@ class Trainer:
         # rank 0 alone validates and saves, so only it keeps the EMA
         self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema and main else None
         self.start_epoch = 0
+        if main and cfg.warmup_epochs > cfg.epochs:
+            log.warning("warmup_epochs=%g is longer than the run (epochs=%d): the learning rate never "
+                        "reaches lr0=%g; lower warmup_epochs", cfg.warmup_epochs, cfg.epochs, cfg.lr0)
 
         if cfg.profile and ddp:
             if main:

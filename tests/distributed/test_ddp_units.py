@@ -11,7 +11,7 @@ import torch
 from libreyolo_core.config import resolve_config
 from libreyolo_core.distributed.autobatch import DEFAULT_BATCH, fit_batch, global_batch, probe_batch
 from libreyolo_core.distributed.context import init_distributed, per_rank_batch, torchrun_env
-from libreyolo_core.distributed.device import DeviceError, parse_devices
+from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device
 from libreyolo_core.distributed.spawn import check_picklable, in_spawned_bootstrap, spawn_train
 
 
@@ -78,6 +78,20 @@ def test_device_forms():
     n = torch.cuda.device_count()
     with pytest.raises(DeviceError, match=f"CUDA device {n} does not exist"):
         parse_devices([0, n] if n else "0,1")
+
+
+def test_each_torchrun_rank_takes_its_gpu():
+    assert rank_device([], 1, 2) == "cuda:1"  # device unset / auto: LOCAL_RANK
+    assert rank_device(["cuda:0"], 1, 2) == "cuda:1"  # one index: torchrun's convention
+    assert rank_device(["cuda:2", "cuda:3"], 1, 2) == "cuda:3"  # one named GPU per process
+    with pytest.raises(DeviceError, match="names 3 GPUs.*started 2 processes"):
+        rank_device(["cuda:0", "cuda:1", "cuda:2"], 0, 2)
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+def test_mps_without_metal_is_a_clear_error():
+    with pytest.raises(DeviceError, match="MPS.*not available"):
+        parse_devices("mps")
 
 
 def test_torchrun_environment(monkeypatch):

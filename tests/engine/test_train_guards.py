@@ -105,3 +105,16 @@ def test_epoch_with_only_nonfinite_steps_records_no_loss(sample_yaml, tmp_path):
     assert result["nonfinite_skipped"] == 4  # below the stop streak of ten
     (row,) = list(csv.DictReader(open(tmp_path / "exp" / "results.csv")))
     assert row["train/box_loss"] == row["train/dfl_loss"] == row["train/cls_loss"] == ""
+
+
+def test_misspelled_callback_event_is_named(sample_yaml, tmp_path):
+    with pytest.raises(ValueError, match="unknown event 'on_epoch_endd'. Did you mean 'on_epoch_end'"):
+        LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path,
+                                   callbacks={"on_epoch_endd": [print]}, **TINY)
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_warmup_longer_than_the_run_is_warned(sample_yaml, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, **{**TINY, "warmup_epochs": 3})
+    assert "warmup_epochs=3 is longer than the run (epochs=1)" in caplog.text
