@@ -257,12 +257,17 @@ class _Run:
         return ok
 
     def requeue(self, reason: str) -> bool:
-        """Give the job back (worker shutdown): ``running -> queued``; resumes from last.pt."""
+        """Give the job back (worker shutdown): ``running -> queued``; resumes from last.pt.
+
+        A graceful hand-back is not a failed attempt: the attempt count goes back down, so
+        restarting the service any number of times never uses up ``max_attempts``.
+        """
         with self.sessions() as s:
             ok = transition(s, self.job_id, ["running"], "queued",
                             extra_where=[Job.lease_owner == self.worker_id],
                             event={"reason": reason}, lease_owner=None, lease_expires_at=None,
-                            enqueued_at=utcnow(), progress=self.progress or None)
+                            enqueued_at=utcnow(), progress=self.progress or None,
+                            attempt=Job.attempt - 1)
             s.commit()
         return ok
 
@@ -341,12 +346,13 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
         return "skipped"
     run = _Run(job, settings=settings, sessions=sessions, worker_id=worker_id, store=store)
     run.job_dir.mkdir(parents=True, exist_ok=True)
-    if job.attempt > 1 and job.pid:
+    if job.pid:  # a process group of an earlier attempt (crash or hand-back)
         n = kill_leftovers(job.pid, run.job_dir)
         if n:
             log.warning("job %s: killed %d leftover engine processes", job_id, n)
     last_pt = run.run_dir / "weights" / "last.pt"
-    resume: str | bool = str(last_pt) if job.attempt > 1 and last_pt.is_file() else False
+    # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
+    resume: str | bool = str(last_pt) if last_pt.is_file() else False
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
                     gpus=job.gpus, job_dir=run.job_dir, resume=resume)
     spec_path = run.job_dir / "job.json"

@@ -175,13 +175,19 @@ def test_worker_shutdown_requeues_for_resume(settings, sessions):
     t.join(30)
     assert out["s"] == "queued" and sent == [(job_id, "cpu", 0)]
     job = job_row(sessions, job_id)
-    assert job.status == "queued" and job.attempt == 1
+    assert job.status == "queued" and job.attempt == 0  # a hand-back is not a failed attempt
     # the shutting-down worker takes the re-sent message itself: it hands it back without
     # starting (and killing) an attempt
     assert run_job(job_id, settings=settings, sessions=sessions, stop=stop,
                    on_requeue=lambda *a: sent.append(a)) == "skipped"
     job = job_row(sessions, job_id)
-    assert job.status == "queued" and job.attempt == 1 and len(sent) == 2
+    assert job.status == "queued" and job.attempt == 0 and len(sent) == 2
+    # however often the service restarts, the next worker resumes and max_attempts is intact
+    assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
+    job = job_row(sessions, job_id)
+    assert job.attempt == 1
+    spec = json.loads((ArtifactStore(settings.artifact_root).job_dir(job_id) / "job.json").read_text())
+    assert spec["resume"].endswith("last.pt")
 
 
 def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
