@@ -221,8 +221,8 @@ def show(
             return
         typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.model}\n"
                    f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
-                   f"gpus:     {i.gpus}\nstatus:   {i.status} (attempt {i.attempt}/"
-                   f"{i.max_attempts})")
+                   f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
+                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})")
         if i.progress and not i.done:
             p = i.progress
             typer.echo(f"progress: epoch {p.get('epoch')}/{p.get('epochs')} step "
@@ -237,6 +237,9 @@ def show(
                 typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
         if i.error:
             typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
+            if i.error.get("engine_error"):
+                rank = i.error.get("failed_rank")
+                typer.echo(f"cause:    {i.error['engine_error']}" + (f" (rank {rank})" if rank is not None else ""))
             for ln in i.error.get("log_tail") or []:
                 typer.echo(f"    {ln}")
         typer.echo(f"page:     {job.page_url}")

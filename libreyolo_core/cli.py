@@ -95,6 +95,23 @@ def _check_keys(command: str, keys: dict[str, Any]) -> None:
                              f"Valid keys: {', '.join(sorted(allowed)) or '(none)'}")
 
 
+def _typed(keys: dict[str, Any], types: dict[str, type]) -> dict[str, Any]:
+    """``keys`` with the listed ones converted; a value that does not convert, or an
+    ``imgsz`` under 32, is a :class:`UsageError` naming the key."""
+    out = dict(keys)
+    for key, kind in types.items():
+        if key not in out:
+            continue
+        try:
+            out[key] = kind(out[key])
+        except (TypeError, ValueError):
+            what = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
+            raise UsageError(f"{key}={out[key]!r} is not {what}") from None
+    if "imgsz" in out and out["imgsz"] < 32:
+        raise UsageError(f"imgsz={out['imgsz']} must be >= 32 (pixels)")
+    return out
+
+
 def _bool(v: Any) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
 
@@ -147,8 +164,8 @@ def cmd_val(keys: dict[str, Any]) -> int:
         raise UsageError("libreyolo val needs data=path/to/data.yaml")
     as_json = _bool(keys.pop("json", False))
     model = LibreYOLO(keys.pop("model", "yolo9-t"))
-    m = model.val(**{k: (int(v) if k in ("batch", "imgsz", "max_det", "workers") else
-                         float(v) if k in ("conf", "iou") else v) for k, v in keys.items()})
+    m = model.val(**_typed(keys, {"batch": int, "imgsz": int, "max_det": int, "workers": int,
+                                  "conf": float, "iou": float}))
     if as_json:
         print(json.dumps(m))
     else:
@@ -165,8 +182,8 @@ def cmd_predict(keys: dict[str, Any]) -> int:
         raise UsageError("libreyolo predict needs source=image|folder")
     as_json = _bool(keys.pop("json", False))
     model = LibreYOLO(keys.pop("model", "yolo9-t"))
-    conv = {"conf": float, "iou": float, "imgsz": int, "max_det": int}
-    preds = model.predict(**{k: conv.get(k, str)(v) for k, v in keys.items()})
+    preds = model.predict(**_typed(keys, {"conf": float, "iou": float, "imgsz": int, "max_det": int,
+                                          "source": str, "device": str}))
     for p in preds:
         if as_json:
             print(json.dumps({"path": p.path, "boxes": p.boxes.tolist(), "scores": p.scores.tolist(),
@@ -228,7 +245,7 @@ def cmd_info(keys: dict[str, Any]) -> int:
 
     _check_keys("info", keys)
     model = LibreYOLO(keys.get("model", "yolo9-t"))
-    info = model.info(int(keys.get("imgsz", model.imgsz)))
+    info = model.info(_typed(keys, {"imgsz": int}).get("imgsz"))
     size = info["imgsz"]
     print(f"{model.name}: {info['params']:,} parameters, {info['gflops']:.2f} GFLOPs at {size}x{size}")
     return EXIT_OK

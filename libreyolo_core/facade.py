@@ -359,8 +359,10 @@ class LibreYOLO:
         """``imgsz`` (default: the training size) rounded up to a multiple of the family's
         stride, with a warning (as Ultralytics does): the feature maps of the levels must
         line up for the neck to concatenate them."""
-        size = int(imgsz or self.imgsz)
+        size = int(self.imgsz if imgsz is None else imgsz)
         stride = self.spec.stride
+        if size < stride:
+            raise ValueError(f"imgsz={size} must be >= {stride} (pixels)")
         if size % stride:
             fixed = -(-size // stride) * stride
             log.warning("imgsz=%d is not a multiple of %s's stride %d; using imgsz=%d", size, self.name,

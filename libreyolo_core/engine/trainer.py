@@ -112,11 +112,14 @@ class Trainer:
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
-        for event in callbacks or {}:
+        for event, fns in (callbacks or {}).items():
             if event not in CALLBACK_EVENTS:
                 close = difflib.get_close_matches(str(event), CALLBACK_EVENTS, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"callbacks: unknown event {event!r}.{hint} Events: {', '.join(CALLBACK_EVENTS)}")
+            if not isinstance(fns, list | tuple) or not all(callable(fn) for fn in fns):
+                raise ValueError(f"callbacks[{event!r}] must be a list of callables fn(trainer), "
+                                 f"got {fns!r}")
         self.cfg = cfg
         self.callbacks = callbacks or {}
         self.model = model

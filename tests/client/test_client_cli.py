@@ -89,6 +89,10 @@ def test_submit_follow_of_a_failing_job_exits_1_with_the_tail(cli, stack, data_y
     t.join()
     assert r.exit_code == 1
     assert "failed: data error" in r.output and "something broke in the data" in r.output
+    job_id = r.output.split()[0]
+    shown = cli("show", job_id)
+    assert "error:    data error (exit code 3)" in shown.output
+    assert "cause:    DatasetError: data broke (rank 0)" in shown.output, shown.output
 
 
 def test_cli_errors_name_the_field_and_cancel(cli, data_yaml):

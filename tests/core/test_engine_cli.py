@@ -33,6 +33,11 @@ def test_parse_key_value_and_flags():
         (["train", "model=yolo9-q", "data=x.yaml"], "Valid models: yolo9-t, yolo9-s"),
         (["cfg", "model=yolo9-t", "imgsz=100"], "multiple of 32"),
         (["val", "model=yolo9-t", "dat=x.yaml"], "Did you mean 'data'"),
+        (["info", "model=yolo9-t", "imgsz=-5"], "imgsz=-5 must be >= 32"),
+        (["info", "model=yolox-s", "imgsz=abc"], "imgsz='abc' is not an integer"),
+        (["info", "model=yolo9-t", "imgsz=0"], "imgsz=0 must be >= 32"),
+        (["predict", "model=yolo9-t", "source=x.jpg", "imgsz=100,200"], "imgsz='100,200' is not an integer"),
+        (["val", "model=yolo9-t", "data=x.yaml", "conf=high"], "conf='high' is not a number"),
     ],
 )
 def test_bad_keys_exit_2_naming_the_key(args, words, capsys):

@@ -112,6 +112,10 @@ def test_misspelled_callback_event_is_named(sample_yaml, tmp_path):
         LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path,
                                    callbacks={"on_epoch_endd": [print]}, **TINY)
     assert not any(tmp_path.iterdir())  # nothing ran
+    for bad in (print, [42]):
+        with pytest.raises(ValueError, match=r"callbacks\['on_epoch_end'\] must be a list of callables"):
+            LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path,
+                                       callbacks={"on_epoch_end": bad}, **TINY)
 
 
 def test_warmup_longer_than_the_run_is_warned(sample_yaml, tmp_path, caplog):

@@ -160,6 +160,9 @@ print(f"fake engine pid={os.getpid()} epochs={epochs}", flush=True)
 if fail:
     print("fatal: something broke in the data", flush=True)
     emit("run_end", status="failed", best_epoch=None, metrics={}, error="data broke")
+    if os.environ.get("LIBREYOLO_ERROR_FILE"):  # as the real CLI does
+        json.dump({"exit_code": int(fail), "error": "DatasetError: data broke", "rank": 0},
+                  open(os.environ["LIBREYOLO_ERROR_FILE"], "w"))
     sys.exit(fail)
 def save(epoch):
     tmp = os.path.join(run, "weights", "last.pt.tmp")

@@ -154,7 +154,9 @@ def test_engine_failure_records_exit_code_and_log_tail(settings, sessions):
     job = job_row(sessions, job_id)
     assert job.error["exit_code"] == 3 and job.error["reason"] == "data error"
     assert "fatal: something broke in the data" in job.error["log_tail"]
-    assert job.error["engine_error"] == "data broke"
+    # the engine's error file (what the CLI printed) wins over run_end's error field
+    assert job.error["engine_error"] == "DatasetError: data broke" and job.error["failed_rank"] == 0
+    assert "launcher_exit_code" not in job.error  # one process: its code is the engine's
 
 
 def test_time_budget_stops_the_run(settings, sessions):
