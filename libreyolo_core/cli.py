@@ -318,6 +318,8 @@ def _exit_for(exc: Exception) -> int:
     from libreyolo_core.profiler import ProfileWindowError
 
     interrupted = type(exc).__name__ == "TrainingInterrupted"
+    if interrupted and int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
+        return EXIT_SIGTERM
     if interrupted:
         print(f"interrupted ({exc}): last.pt saved; resume with resume=path/to/last.pt", file=sys.stderr)
         return EXIT_SIGTERM

@@ -24,9 +24,12 @@ def latest_last_checkpoint(project: str | Path = "runs/train") -> Path:
     """The most recently modified ``*/weights/last.pt`` under ``project`` (``resume=True``).
 
     Raises:
-        FileNotFoundError: there is none.
+        CheckpointError: there is none (exit code 4 in the CLI).
     """
+    from libreyolo_core.engine.checkpoint import CheckpointError
+
     found = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(f"resume=True: no weights/last.pt under {project}/")
+        raise CheckpointError(f"resume=True: no weights/last.pt under {project}/ "
+                              "(name the checkpoint: resume=path/to/last.pt)")
     return found[-1]

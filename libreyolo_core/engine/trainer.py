@@ -360,7 +360,15 @@ class Trainer:
         self.best_metrics = dict(ckpt.get("best_metrics", {}))
         self.nonfinite_skipped = int(ckpt.get("nonfinite_skipped", 0))
         self.history = [r for r in ckpt.get("history", []) if r["epoch"] <= self.start_epoch]
-        log.info("resuming %s from epoch %d", self._resume_path, self.start_epoch + 1)
+        if self.start_epoch >= self.cfg.epochs:
+            log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
+                        "epochs= to train longer)", self._resume_path, self.cfg.epochs)
+        else:
+            log.info("resuming %s from epoch %d", self._resume_path, self.start_epoch + 1)
+        if self._resume_path.name != "last.pt" and self.dist.is_main:
+            log.warning("resuming from %s (epoch %d), not last.pt: the later epochs of this run are "
+                        "trained again and their results.csv rows replaced", self._resume_path.name,
+                        self.start_epoch)
 
     # -- checkpoints and files ------------------------------------------------------------
     def _state(self, epoch: int) -> dict[str, Any]:

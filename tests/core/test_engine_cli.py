@@ -62,3 +62,9 @@ def test_info_prints_params_and_gflops():
     out = libreyolo("info", "model=yolo9-t", "imgsz=640")
     assert out.returncode == 0, out.stderr
     assert "2,036,544 parameters" in out.stdout and "GFLOPs" in out.stdout
+
+
+def test_resume_true_without_an_earlier_run_is_a_checkpoint_error(tmp_path, capsys):
+    assert run(["train", "resume=True", f"project={tmp_path}"]) == 4
+    err = capsys.readouterr().err
+    assert "no weights/last.pt under" in err and "resume=path/to/last.pt" in err
