@@ -182,8 +182,7 @@ class LibreYOLO:
     def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
         """The spawn path: autobatch in this process, then one DDP worker per device
         (``devices`` as :func:`parse_devices` gives them; ``["cpu", "cpu"]`` runs Gloo)."""
-        from libreyolo_core.distributed.autobatch import global_batch, probe_batch
-        from libreyolo_core.distributed.context import per_rank_batch
+        from libreyolo_core.distributed.autobatch import autobatch
         from libreyolo_core.distributed.spawn import (
             GUARD_MESSAGE,
             MainGuardError,
@@ -203,14 +202,10 @@ class LibreYOLO:
             try:
                 self.model.to(first)
                 amp = resolve_amp(cfg.amp, cfg.amp_dtype, first)
-                per_device = probe_batch(self.model, cfg.imgsz, first, autocast=amp.autocast,
-                                         max_probe=cfg.nbs or 64)
+                batch = autobatch(self.model, cfg.imgsz, first, world_size, cfg.nbs, autocast=amp.autocast)
             finally:
                 self.model.to("cpu")
-            batch = global_batch(per_device, world_size, cfg.nbs)
-            log.info("autobatch: global batch %d for %d devices", batch, world_size)
             cfg = cfg.model_copy(update={"batch": batch})
-        per_rank_batch(cfg.batch, world_size)  # fail here, before any process starts
         ids = None
         if devices[0].startswith("cuda"):
             ids = [int(d.split(":")[1]) for d in devices]

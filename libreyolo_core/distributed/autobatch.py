@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_BATCH", "probe_batch", "fit_batch", "global_batch"]
+__all__ = ["DEFAULT_BATCH", "probe_batch", "fit_batch", "global_batch", "autobatch"]
 
 log = logging.getLogger(__name__)
 
@@ -142,3 +142,21 @@ def probe_batch(
     chosen = fit_batch(sizes, memory, total, fraction, default)
     log.info("autobatch: batch %d per device (%.0f %% of %.1f GiB)", chosen, fraction * 100, total / 2**30)
     return chosen
+
+
+def autobatch(
+    model: nn.Module,
+    imgsz: int,
+    device: torch.device,
+    world_size: int,
+    nbs: int | None,
+    autocast: Callable[[], object] | None = None,
+) -> int:
+    """``batch=-1`` resolved: :func:`probe_batch` on ``device`` (up to ``nbs`` or 64 images),
+    then :func:`global_batch` for ``world_size`` devices; logs the choice. Run it once per
+    job (the spawn parent, or rank 0 under torchrun, which broadcasts the result)."""
+    per_device = probe_batch(model, imgsz, device, autocast=autocast, max_probe=nbs or 64)
+    batch = global_batch(per_device, world_size, nbs)
+    log.info("autobatch: global batch %d (%d per device x world_size %d%s)", batch, per_device, world_size,
+             f", capped by nbs={nbs}" if nbs else "")
+    return batch

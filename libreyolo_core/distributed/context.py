@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device, select_device
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "torchrun_env",
     "init_distributed",
     "destroy_distributed",
-    "per_rank_batch",
     "broadcast_object",
     "all_reduce_sum",
     "mean_normalizer",
@@ -117,8 +115,7 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
             raise DeviceError(f"LOCAL_RANK={local_rank} but this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        explicit = text not in ("auto", "", "cuda", "none")
-        torch_device = torch.device(rank_device(names if explicit else [], local_rank, local_world))
+        torch_device = torch.device(rank_device(names, local_rank, local_world))
         torch.cuda.set_device(torch_device)
     else:
         torch_device = torch.device("cpu")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from libreyolo_core.config import TrainConfig
-from libreyolo_core.distributed.context import per_rank_batch
+from libreyolo_core.distributed.batch import per_rank_batch
 
 __all__ = ["MainGuardError", "spawn_train", "check_picklable", "free_port"]
 

@@ -40,7 +40,8 @@ from libreyolo_core.data.config import load_data_config
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.loader import build_dataloader
 from libreyolo_core.data.scan import scan_split
-from libreyolo_core.distributed.autobatch import global_batch, probe_batch
+from libreyolo_core.distributed.autobatch import autobatch
+from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.context import (
     DistContext,
     all_reduce_sum,
@@ -48,7 +49,6 @@ from libreyolo_core.distributed.context import (
     destroy_distributed,
     init_distributed,
     mean_normalizer,
-    per_rank_batch,
 )
 from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -308,16 +308,9 @@ class Trainer:
         cfg = self.cfg
         if cfg.batch != -1:
             return cfg.batch
-        per_device = None
-        if self.dist.is_main:
-            per_device = probe_batch(self.model, cfg.imgsz, self.device, autocast=self.amp.autocast,
-                                     max_probe=cfg.nbs or 64)
-        per_device = int(broadcast_object(per_device, self.dist))
-        batch = global_batch(per_device, self.dist.world_size, cfg.nbs)
-        if self.dist.is_main:
-            log.info("autobatch: global batch %d (%d per device x world_size %d%s)", batch, per_device,
-                     self.dist.world_size, f", capped by nbs={cfg.nbs}" if cfg.nbs else "")
-        return batch
+        batch = autobatch(self.model, cfg.imgsz, self.device, self.dist.world_size, cfg.nbs,
+                          autocast=self.amp.autocast) if self.dist.is_main else None
+        return int(broadcast_object(batch, self.dist))
 
     def _sync_batchnorm(self, model: nn.Module) -> nn.Module:
         """BatchNorm -> SyncBatchNorm under DDP when ``sync_bn`` (reference D.6); warn when

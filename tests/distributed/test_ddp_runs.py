@@ -60,6 +60,16 @@ def _assert_close_losses(got: dict[str, str], want: dict[str, str]) -> None:
         assert abs(a - b) <= 0.03 * abs(b), (key, a, b)
 
 
+def _wait_for_first_epoch(proc: subprocess.Popen, project: Path, timeout_s: float = 300) -> None:
+    """Until the run under ``project`` has logged its first ``epoch_end`` (or ``proc`` ended)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        events = list(project.glob("*/events.jsonl"))
+        if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
+            return
+        time.sleep(0.2)
+
+
 def _only_run_dir(project: Path) -> Path:
     runs = [p for p in project.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs  # rank 0 chose the directory; rank 1 made none of its own
@@ -147,12 +157,7 @@ def test_a_failing_rank_ends_the_job_within_seconds(sample_yaml, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            events = list(project.glob("*/events.jsonl"))
-            if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
-                break
-            time.sleep(0.2)
+        _wait_for_first_epoch(proc, project)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         # an image vanishes mid-run: whichever rank draws it next epoch raises
         victim = sorted((data / "images" / "train").iterdir())[0]
@@ -181,12 +186,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_run_resumes(sample_yaml, t
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            events = list(project.glob("*/events.jsonl"))
-            if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
-                break
-            time.sleep(0.2)
+        _wait_for_first_epoch(proc, project)
         os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -270,12 +270,7 @@ def test_sigterm_to_the_spawn_parent_stops_the_ranks_and_saves_last_pt(sample_ya
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=_env(), cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            events = list(project.glob("*/events.jsonl"))
-            if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
-                break
-            time.sleep(0.2)
+        _wait_for_first_epoch(proc, project)
         proc.send_signal(signal.SIGTERM)  # the parent only, as a job scheduler would
         out, _ = proc.communicate(timeout=120)
     finally:

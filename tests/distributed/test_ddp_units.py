@@ -10,7 +10,8 @@ import torch
 
 from libreyolo_core.config import resolve_config
 from libreyolo_core.distributed.autobatch import DEFAULT_BATCH, fit_batch, global_batch, probe_batch
-from libreyolo_core.distributed.context import init_distributed, per_rank_batch, torchrun_env
+from libreyolo_core.distributed.batch import per_rank_batch
+from libreyolo_core.distributed.context import init_distributed, torchrun_env
 from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device
 from libreyolo_core.distributed.spawn import check_picklable, in_spawned_bootstrap, spawn_train
 
