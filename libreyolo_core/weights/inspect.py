@@ -1,0 +1,77 @@
+"""What a weights file holds: family, size, classes, parameter count, sha256.
+
+The file is read with ``torch.load(weights_only=True)``: a pickle that needs code is refused,
+never run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WeightsInfo", "inspect_weights"]
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """Description of a loadable weights file.
+
+    Attributes:
+        family: registered family key (``yolo9``, ``yolox``).
+        size: size letter (``t``, ``s``, ...).
+        nc: number of classes of the detection head.
+        names: class names ``{id: name}`` (``{i: str(i)}`` when the file has none).
+        params: number of parameters of the model the file builds.
+        format: where the file comes from (``libreyolo``: ours or LibreYOLO 1.x).
+        imgsz: the training image size stored in the file, or ``None``.
+        sha256: hex digest of the file's bytes.
+        bytes: file size in bytes.
+    """
+
+    family: str
+    size: str
+    nc: int
+    names: dict[int, str]
+    params: int
+    format: str
+    imgsz: int | None
+    sha256: str
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (class ids as strings, as JSON object keys must be)."""
+        out = asdict(self)
+        out["names"] = {str(k): v for k, v in self.names.items()}
+        return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def inspect_weights(path: str | Path) -> WeightsInfo:
+    """Load ``path`` safely and describe the model it holds.
+
+    Raises:
+        CheckpointError: missing, unreadable, unsafe (needs code to unpickle) or not a
+            weights file of a registered family; the message says which.
+    """
+    from libreyolo_core.engine.checkpoint import load_checkpoint
+
+    path = Path(path)
+    ckpt = load_checkpoint(path)
+    params = sum(int(t.numel()) for k, t in ckpt["model"].items()
+                 if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
+    imgsz = ckpt.get("imgsz")
+    return WeightsInfo(
+        family=str(ckpt["model_family"]), size=str(ckpt["size"]), nc=int(ckpt["nc"]),
+        names=dict(ckpt["names"]), params=params, format="libreyolo",
+        imgsz=int(imgsz) if imgsz is not None else None,
+        sha256=_sha256(path), bytes=path.stat().st_size,
+    )
