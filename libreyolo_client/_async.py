@@ -125,7 +125,7 @@ class AsyncClient(_Base):
         """Your newest ``limit`` (at most 200) jobs; see :meth:`Client.jobs`."""
         q: dict[str, Any] = {"limit": max(1, min(200, limit))}
         if status:
-            q["status"] = status if isinstance(status, str) else ",".join(status)
+            q["status"] = status.split(",") if isinstance(status, str) else list(status)
         if kind:
             q["kind"] = kind
         page = await self._json("GET", "/v1/jobs", params=q)

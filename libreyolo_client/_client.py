@@ -302,7 +302,7 @@ class Client(_Base):
         """
         params: dict[str, Any] = {}
         if status:
-            params["status"] = status if isinstance(status, str) else ",".join(status)
+            params["status"] = status.split(",") if isinstance(status, str) else list(status)
         if kind:
             params["kind"] = kind
         out: list[Job] = []

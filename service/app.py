@@ -5,14 +5,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from service.api import datasets, health, jobs
-from service.api.problems import install_problem_handlers
+from service.api.methods import OptionsMiddleware
+from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
 from service.metrics import ServiceCollector
 from service.queue import create_celery, enqueue
@@ -34,6 +37,8 @@ metrics and the profiler timeline (`GET /v1/jobs/{id}/artifacts/{path}`).
 Every route except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer <token>`
 (`libreyolo-service token create --name alice`). Errors are `application/problem+json`
 whose `detail` (and `field`, for 422s) names what is wrong.
+
+This page works offline: its Swagger UI assets are served by the service itself.
 """
 
 
@@ -46,7 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     Returns:
         The FastAPI app. Its lifespan runs the reaper (unless ``reaper_enabled`` is false)
-        and disposes the database engine on shutdown.
+        and disposes the database engine on shutdown. ``/docs`` (Swagger UI) and
+        ``/redoc`` load their scripts from this service (fastapi-offline's copies), never
+        from a CDN; ``/openapi.json`` documents every error as problem+json.
     """
     settings = settings or Settings()
 
@@ -62,8 +69,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 tg.cancel_scope.cancel()
         app.state.engine.dispose()
 
-    app = FastAPI(title="LibreYOLO training service", version="0.1.0", description=DESCRIPTION,
-                  lifespan=lifespan)
+    app = FastAPIOffline(title="LibreYOLO training service", version="0.1.0",
+                         description=DESCRIPTION, lifespan=lifespan,
+                         favicon_url="/web/static/favicon.svg")
+    _document_errors(app)
     engine = make_engine(settings.database_url)
     celery = create_celery(settings)
     app.state.settings = settings
@@ -77,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     install_problem_handlers(app)
+    app.add_middleware(OptionsMiddleware, root=app)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["*"], allow_headers=["*"],
@@ -86,3 +96,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(datasets.router)
     install_web(app)
     return app
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Let ``app.openapi()`` document errors as they are sent (problem+json)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_problems(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

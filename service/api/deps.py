@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -44,6 +45,10 @@ _UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="libreyolo"'}
 #: Cookie the sign-in page sets (HttpOnly, SameSite=Strict): the same token as the bearer one.
 TOKEN_COOKIE = "libreyolo_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize" button);
+#: :func:`current_user` reads the header itself, so its errors stay problem+json.
+bearer_scheme = HTTPBearer(auto_error=False, scheme_name="bearer",
+                           description="a token from `libreyolo-service token create`")
 
 
 def check_same_origin(request: Request, settings: Settings) -> None:
@@ -73,7 +78,8 @@ def check_same_origin(request: Request, settings: Settings) -> None:
 
 
 def current_user(request: Request, session: SessionDep, settings: SettingsDep,
-                 authorization: Annotated[str | None, Header()] = None) -> User:
+                 _scheme: Annotated[HTTPAuthorizationCredentials | None,
+                                    Depends(bearer_scheme)] = None) -> User:
     """The user of the bearer token, or of the sign-in cookie of the web pages.
 
     The ``Authorization`` header wins when both are sent. A cookie-authenticated unsafe
@@ -84,6 +90,7 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
             unknown token.
         Problem 403: a cookie-authenticated POST from another origin.
     """
+    authorization = request.headers.get("authorization")
     if authorization:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import time
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,18 +19,21 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
 
-from libreyolo_core.config import ConfigError, resolve_config
+from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
+from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
-from service.api.problems import Problem
+from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     ArtifactPublic,
     ArtifactsList,
     EventPublic,
     EventsPage,
     JobCreate,
+    JobKind,
     JobPublic,
     JobsPage,
+    JobStatus,
 )
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
@@ -48,7 +52,7 @@ TIMELINE_CSP = (
     "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; "
     "base-uri 'none'; frame-ancestors 'self'; sandbox allow-scripts"
 )
-_NOT_FOUND = {404: {"description": "no such job (or another user's job)"}}
+_NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
 def job_public(job: Job) -> JobPublic:
@@ -81,7 +85,7 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
     except ConfigError as exc:
         field = "model" if exc.key == "model" else f"params.{exc.key}"
         raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
-                      allowed=exc.allowed) from None
+                      allowed=_allowed_values(exc.key)) from None
     world = gpus or body.procs
     if (body.kind == "profile" or cfg.profile) and world > 1:
         raise Problem(422, f"{'gpus' if gpus else 'procs'}: a profile job runs on one device (the "
@@ -96,6 +100,22 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
                           allowed=nearest_valid_batches(cfg.batch, world)) from None
     keys = set(cfg.model_fields_set) - {"model"}
     return cfg.model_dump(mode="json", include=keys)
+
+
+def _allowed_values(key: str) -> list[Any] | None:
+    """The valid values of a training key when they are a short list (the model names, a
+    Literal's choices); None for ranges and free values (the detail says those)."""
+    if key == "model":
+        return list_models()
+    info = TrainConfig.model_fields.get(key)
+    if info is None:
+        return None
+    choices = [a for a in typing.get_args(info.annotation) if a is not type(None)]
+    if typing.get_origin(info.annotation) is typing.Literal:
+        return choices
+    literals = [typing.get_args(a) for a in choices if typing.get_origin(a) is typing.Literal]
+    return [v for group in literals for v in group] if literals and \
+        len(literals) == len(choices) else None
 
 
 def _jsonable(value: Any) -> Any:
@@ -181,8 +201,12 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
 @router.post(
     "", status_code=201, response_model=JobPublic, operation_id="jobs-submit",
     responses={200: {"description": "Idempotency-Key replay: the existing job"},
-               409: {"description": "Idempotency-Key reused with a different request"},
-               422: {"description": "invalid field; the problem names it"}},
+               **error_responses({
+                   409: "Idempotency-Key reused with a different request",
+                   422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
+                        "an unknown model or params key, a data path that does not exist "
+                        "or a dataset id that is not yours, a batch that does not divide by "
+                        "the rank count; `field` names it"})},
 )
 def submit_job(
     body: JobCreate, user: CurrentUser, session: SessionDep, settings: SettingsDep,
@@ -263,24 +287,30 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
     return job
 
 
-@router.get("", response_model=JobsPage, operation_id="jobs-list")
+@router.get("", response_model=JobsPage, operation_id="jobs-list", responses=error_responses({
+    422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
 def list_jobs(
     user: CurrentUser, session: SessionDep,
-    status: Annotated[list[str] | None, Query(description="filter; repeat or comma-separate")] = None,
-    kind: Annotated[str | None, Query(description="train or profile")] = None,
+    status: Annotated[list[JobStatus] | None, Query(
+        description="only jobs in these statuses; repeat the parameter for several "
+                    "(?status=queued&status=running)")] = None,
+    kind: Annotated[JobKind | None, Query(description="only train or only profile jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> JobsPage:
     """List your jobs, newest first (admins see everyone's).
 
     Cursor pagination: pass ``next_cursor`` back as ``cursor``; it is None on the last page.
+
+    Raises:
+        422: a ``status`` or ``kind`` that is not one of the listed values, or a ``cursor``
+            this endpoint did not return.
     """
     stmt = select(Job).order_by(Job.id.desc()).limit(limit + 1)
     if not user.is_admin:
         stmt = stmt.where(Job.owner_id == user.id)
     if status:
-        wanted = {s.strip() for item in status for s in item.split(",") if s.strip()}
-        stmt = stmt.where(Job.status.in_(wanted))
+        stmt = stmt.where(Job.status.in_(set(status)))
     if kind:
         stmt = stmt.where(Job.kind == kind)
     if cursor:

@@ -8,9 +8,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
+    "JobStatus", "JobKind", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
     "ArtifactsList", "DatasetRegister", "DatasetPublic", "DatasetsPage",
 ]
+
+
+#: A job's status (the status machine of docs/architecture.md).
+JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+#: What a job does.
+JobKind = Literal["train", "profile"]
 
 
 class JobCreate(BaseModel):
@@ -21,7 +27,7 @@ class JobCreate(BaseModel):
         "params": {"epochs": 10, "batch": 16, "imgsz": 320}, "gpus": 1,
     }]})
 
-    kind: Literal["train", "profile"] = Field("train", description="train or profile")
+    kind: JobKind = Field("train", description="train or profile")
     model: str = Field(..., max_length=500, description="model name <family>-<size>, e.g. "
                        "yolo9-t, or a checkpoint of an earlier job: job:<id>/weights/best.pt")
     data: str = Field(..., description="dataset id (d...) or a dataset yaml path the "
@@ -50,7 +56,7 @@ class JobPublic(BaseModel):
     procs: int
     priority: int
     queue: str
-    status: Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+    status: JobStatus
     attempt: int = Field(description="runs started so far (1 on the first run)")
     max_attempts: int
     cancel_requested: bool

@@ -147,8 +147,12 @@ def test_list_filters_and_cursor(server, sessions, data_yaml):
         assert seen == ids[::-1]
         cancelled = c.get("/v1/jobs", params={"status": "cancelled"}).json()["data"]
         assert [j["id"] for j in cancelled] == [ids[0]]
-        both = c.get("/v1/jobs", params={"status": "cancelled,queued", "kind": "train"}).json()
-        assert len(both["data"]) == 5
+        both = c.get("/v1/jobs", params={"status": ["cancelled", "queued"], "kind": "train"})
+        assert len(both.json()["data"]) == 5
+        for bad in ({"status": "cancelled,queued"}, {"status": "done"}, {"kind": "detect"}):
+            problem = c.get("/v1/jobs", params=bad).json()
+            assert problem["status"] == 422, problem
+            assert problem["field"].startswith(next(iter(bad))), problem
         assert c.get("/v1/jobs", params={"cursor": "!!"}).json()["field"] == "cursor"
 
 
