@@ -51,9 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     Returns:
         The FastAPI app. Its lifespan runs the reaper (unless ``reaper_enabled`` is false)
-        and disposes the database engine on shutdown. ``/docs`` (Swagger UI) and
-        ``/redoc`` load their scripts from this service (fastapi-offline's copies), never
-        from a CDN; ``/openapi.json`` documents every error as problem+json.
+        and disposes the database engine on shutdown. ``/docs`` (Swagger UI) loads
+        its scripts from this service (fastapi-offline's copies), never from a CDN (there
+        is no ``/redoc``: ReDoc fetches its logo from one); ``/openapi.json`` documents every error as problem+json.
     """
     settings = settings or Settings()
 
@@ -70,8 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine.dispose()
 
     app = FastAPIOffline(title="LibreYOLO training service", version="0.1.0",
-                         description=DESCRIPTION, lifespan=lifespan,
-                         favicon_url="/web/static/favicon.svg")
+                         description=DESCRIPTION, lifespan=lifespan, redoc_url=None,
+                         favicon_url="/web/static/favicon.svg",
+                         # no badge from the public validator: the page stays offline
+                         swagger_ui_parameters={"validatorUrl": None})
     _document_errors(app)
     engine = make_engine(settings.database_url)
     celery = create_celery(settings)
