@@ -123,6 +123,10 @@ class _Base:
         return f"{self.url}/jobs/{job_id}"
 
 
+#: where the service looks for a dataset's yaml in an upload (its top, or one folder down).
+_YAMLS = ("*.yaml", "*/*.yaml", "*.yml", "*/*.yml")
+
+
 def _zip_folder(folder: Path) -> Path:
     """Zip a dataset folder to a temporary file (label caches left out). Caller deletes it."""
     fd, name = tempfile.mkstemp(prefix=f"{folder.name}-", suffix=".zip")
@@ -361,14 +365,21 @@ class Client(_Base):
             The dataset; pass ``.id`` as ``data=``. ``status == "invalid"`` when the scan
             failed (see ``.report``).
 
+        The same zip uploaded again returns the dataset already made from it.
+
         Raises:
-            FileNotFoundError: no such folder or file.
+            FileNotFoundError: no such folder or file, or a folder without a dataset yaml
+                (``*.yaml`` at its top or one folder down), checked before uploading.
             ValidationError: unsafe zip or no yaml in it (``field == "body"``).
             APIError: 413 when larger than the service's upload cap.
         """
         src = Path(path_or_zip).expanduser()
         if not src.exists():
             raise FileNotFoundError(f"dataset {src} does not exist")
+        if src.is_dir() and not any(next(src.glob(pattern), None) for pattern in _YAMLS):
+            raise FileNotFoundError(
+                f"dataset folder {src} holds no dataset yaml (e.g. {src / 'data.yaml'}, or "
+                "one folder down): the yaml names the image folders and the classes")
         zipped = _zip_folder(src) if src.is_dir() else src
         name = name or (src.name if src.is_dir() else src.stem)
         report = _progress_fn(progress, f"upload {name}")
@@ -397,6 +408,15 @@ class Client(_Base):
     def datasets(self) -> list[DatasetInfo]:
         """Your datasets, newest first."""
         return [DatasetInfo.model_validate(d) for d in self._json("GET", "/v1/datasets")["data"]]
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Delete one of your datasets (an upload's files too; finished jobs keep theirs).
+
+        Raises:
+            NotFound: no such dataset.
+            Conflict: a queued or running job uses it.
+        """
+        self._request("DELETE", f"/v1/datasets/{dataset_id}")
 
 
 def _progress_fn(progress: bool | ProgressFn | None, label: str) -> ProgressFn | None:

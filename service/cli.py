@@ -1,4 +1,4 @@
-"""``libreyolo-service``: up | serve | worker | db upgrade | token create.
+"""``libreyolo-service``: up | serve | worker | db upgrade | token create | jobs | datasets.
 
 ``up`` is the embedded default: migrations, an admin token saved for the SDK, the API and
 one worker as child processes; Ctrl-C or SIGTERM stops both and leaves no child behind.
@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from libreyolo_client.cli import jobs_app
+from libreyolo_client.datasets_cli import datasets_app
 from service.settings import Settings
 
 __all__ = ["main", "app"]
@@ -34,6 +35,7 @@ token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(datasets_app, name="datasets")
 
 
 def _settings() -> Settings:

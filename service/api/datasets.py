@@ -1,7 +1,13 @@
-"""``/v1/datasets``: register a dataset path the workers can see; list and read them."""
+"""``/v1/datasets``: upload a zip or register a path the workers can see; list, read, delete.
+
+An upload is stored once per user and content: the same zip (by sha256) uploaded again
+answers with the dataset already made from it (200). Answers never show the service's
+own folders: an upload's ``path`` and scan report are relative to the zip's root.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,13 +17,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import select
 
 from service.api.deps import CurrentUser, SessionDep, SettingsDep
-from service.api.problems import Problem
+from service.api.problems import Problem, error_responses
 from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
-from service.db.models import Dataset, new_id
+from service.db.models import TERMINAL, Dataset, Job, new_id
 from service.settings import Settings
 from service.storage.zipsafe import UnsafeZipError, extract_zip
 
@@ -50,16 +56,40 @@ def _scan(yaml_path: Path, settings: Settings) -> dict[str, Any]:
             capture_output=True, text=True, timeout=600, env=env, cwd=yaml_path.parent)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"ok": False, "exit_code": None, "error": str(exc), "splits": {}}
-    splits = {}
+    splits, other = {}, []
     for line in proc.stdout.splitlines():
         try:
             item = json.loads(line)
         except ValueError:
+            other.append(line)
             continue
         if isinstance(item, dict) and "split" in item:
+            item.pop("cache", None)  # the service's own label cache file
             splits[item.pop("split")] = item
-    return {"ok": proc.returncode == 0, "exit_code": proc.returncode, "splits": splits,
-            "output": (proc.stdout + proc.stderr)[-4000:]}
+    report = {"ok": proc.returncode == 0, "exit_code": proc.returncode, "splits": splits}
+    output = "\n".join([*other, *proc.stderr.splitlines()]).strip()
+    if output and proc.returncode != 0:
+        report["output"] = output[-4000:]
+    return report
+
+
+def _relative(value: Any, root: Path) -> Any:
+    """``value`` with every ``<root>/`` prefix removed from its strings (recursively)."""
+    if isinstance(value, str):
+        return value.replace(f"{root}{os.sep}", "").replace(str(root), ".")
+    if isinstance(value, dict):
+        return {k: _relative(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative(v, root) for v in value]
+    return value
+
+
+def dataset_public(ds: Dataset, settings: Settings) -> DatasetPublic:
+    """Public view of a dataset row: an upload's ``path`` relative to its zip's root."""
+    out = DatasetPublic.model_validate(ds)
+    if ds.source == "upload":
+        out.path = _relative(ds.path, settings.upload_root / ds.id)
+    return out
 
 
 @router.post("/register", status_code=201, response_model=DatasetPublic,
@@ -86,34 +116,70 @@ def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionD
 
 
 @router.get("", response_model=DatasetsPage, operation_id="datasets-list")
-def list_datasets(user: CurrentUser, session: SessionDep) -> DatasetsPage:
+def list_datasets(user: CurrentUser, session: SessionDep, settings: SettingsDep
+                  ) -> DatasetsPage:
     """Your datasets, newest first (admins see all)."""
     stmt = select(Dataset).order_by(Dataset.id.desc())
     if not user.is_admin:
         stmt = stmt.where(Dataset.owner_id == user.id)
-    return DatasetsPage(data=[DatasetPublic.model_validate(d) for d in session.scalars(stmt)])
+    return DatasetsPage(data=[dataset_public(d, settings) for d in session.scalars(stmt)])
 
 
-@router.get("/{dataset_id}", response_model=DatasetPublic, operation_id="datasets-get",
-            responses={404: {"description": "no such dataset (or another user's)"}})
-def get_dataset(dataset_id: str, user: CurrentUser, session: SessionDep) -> DatasetPublic:
-    """One dataset with its scan report."""
+def _owned(session: SessionDep, user: CurrentUser, dataset_id: str) -> Dataset:
     ds = session.get(Dataset, dataset_id)
     if ds is None or (ds.owner_id != user.id and not user.is_admin):
         raise Problem(404, f"dataset {dataset_id!r} not found")
-    return DatasetPublic.model_validate(ds)
+    return ds
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic, operation_id="datasets-get",
+            responses=error_responses({404: "no such dataset (or another user's)"}))
+def get_dataset(dataset_id: str, user: CurrentUser, session: SessionDep,
+                settings: SettingsDep) -> DatasetPublic:
+    """One dataset with its scan report."""
+    return dataset_public(_owned(session, user, dataset_id), settings)
+
+
+@router.delete("/{dataset_id}", status_code=204, operation_id="datasets-delete",
+               responses=error_responses({404: "no such dataset (or another user's)",
+                                          409: "a queued or running job uses it"}))
+def delete_dataset(dataset_id: str, user: CurrentUser, session: SessionDep,
+                   settings: SettingsDep) -> Response:
+    """Delete a dataset: its row and, for an upload, its files on the service.
+
+    Finished jobs keep their results. A registered dataset's files are the user's and are
+    left alone.
+
+    Raises:
+        404: no such dataset, or another user's.
+        409: a queued, running or cancelling job reads it (cancel the job first).
+    """
+    ds = _owned(session, user, dataset_id)
+    busy = session.scalar(select(Job.id).where(Job.data == ds.path,
+                                               Job.status.not_in(TERMINAL)).limit(1))
+    if busy is not None:
+        raise Problem(409, f"dataset {dataset_id} is in use by job {busy} "
+                      f"(cancel it or wait for it first)", job_id=busy)
+    session.delete(ds)
+    session.commit()
+    if ds.source == "upload":
+        shutil.rmtree(settings.upload_root / dataset_id, ignore_errors=True)
+    return Response(status_code=204)
 
 
 @router.post(
     "", status_code=201, response_model=DatasetPublic, operation_id="datasets-upload",
     openapi_extra={"requestBody": {"content": {"application/zip": {
         "schema": {"type": "string", "format": "binary"}}}, "required": True}},
-    responses={413: {"description": "zip larger than the upload cap"},
-               422: {"description": "unsafe zip (.., absolute path, symlink, bomb), no yaml, "
-                     "or the dataset scan failed"}},
+    responses={200: {"description": "this zip (same sha256) was uploaded before: that "
+                      "dataset", "model": DatasetPublic},
+               **error_responses({413: "zip larger than the upload cap",
+                                  422: "not a zip, an unsafe zip (.., absolute path, symlink, "
+                                       "bomb), or no dataset yaml in it"})},
 )
 async def upload_dataset(
-    request: Request, user: CurrentUser, session: SessionDep, settings: SettingsDep,
+    request: Request, response: Response, user: CurrentUser, session: SessionDep,
+    settings: SettingsDep,
     name: Annotated[str, Query(min_length=1, max_length=200, description="dataset name")],
 ) -> DatasetPublic:
     """Upload a dataset as a zip (request body ``application/zip``), streamed to disk.
@@ -121,14 +187,18 @@ async def upload_dataset(
     The zip is refused (nothing extracted) when larger than ``max_upload_bytes`` (413), or
     when a member has an absolute path, ``..``, is a symlink, or the archive inflates past
     ``max_uncompressed_bytes`` or ``max_compression_ratio`` (422 naming the member). Then
-    the engine's dataset scan runs; its report is stored and returned. A failed scan keeps
-    the dataset with ``status: invalid``.
+    the engine's dataset scan runs; its report (paths relative to the zip's root) is
+    stored and returned. A failed scan keeps the dataset with ``status: invalid``.
+
+    The same bytes uploaded again by the same user answer 200 with the existing dataset
+    (its ``report.zip_sha256`` matches), nothing stored twice.
     """
     ds_id = new_id("d")
     root = settings.upload_root
     root.mkdir(parents=True, exist_ok=True)
     part = root / f"{ds_id}.zip.part"
     size = 0
+    digest = hashlib.sha256()
     try:
         async with await anyio.open_file(part, "wb") as f:
             async for chunk in request.stream():
@@ -136,6 +206,12 @@ async def upload_dataset(
                 if size > settings.max_upload_bytes:
                     raise Problem(413, f"upload exceeds {settings.max_upload_bytes} bytes")
                 await f.write(chunk)
+                digest.update(chunk)
+        sha256 = digest.hexdigest()
+        same = _same_upload(session, user.id, sha256)
+        if same is not None:
+            response.status_code = 200
+            return dataset_public(same, settings)
         dest = root / ds_id
         try:
             await anyio.to_thread.run_sync(_extract, part, dest, settings)
@@ -149,12 +225,20 @@ async def upload_dataset(
     if yaml_path is None:
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, "body: the zip holds no dataset yaml (e.g. data.yaml)", field="body")
-    report = await anyio.to_thread.run_sync(_scan, yaml_path, settings)
+    report = _relative(await anyio.to_thread.run_sync(_scan, yaml_path, settings), dest)
+    report["zip_sha256"] = sha256
     ds = Dataset(id=ds_id, owner_id=user.id, name=name, path=str(yaml_path), source="upload",
                  status="ready" if report["ok"] else "invalid", report=report)
     session.add(ds)
     session.commit()
-    return DatasetPublic.model_validate(ds)
+    return dataset_public(ds, settings)
+
+
+def _same_upload(session: SessionDep, owner_id: str, sha256: str) -> Dataset | None:
+    """The user's upload made from a zip with this sha256, if any."""
+    uploads = session.scalars(select(Dataset).where(Dataset.owner_id == owner_id,
+                                                    Dataset.source == "upload"))
+    return next((d for d in uploads if (d.report or {}).get("zip_sha256") == sha256), None)
 
 
 def _extract(part: Path, dest: Path, settings: Settings) -> None:

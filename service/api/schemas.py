@@ -115,12 +115,15 @@ class DatasetRegister(BaseModel):
 class DatasetPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
-    id: str
+    id: str = Field(description="pass it as a job's data")
     name: str
-    path: str
-    source: str
-    status: str
-    report: dict[str, Any] | None
+    path: str = Field(description="the dataset yaml: as registered, or for an upload its "
+                      "path inside the zip")
+    source: Literal["upload", "register"]
+    status: Literal["ready", "invalid"] = Field(description="invalid: the scan failed")
+    report: dict[str, Any] | None = Field(
+        None, description="an upload's scan: ok, exit_code, splits (images, boxes, "
+        "defects...), zip_sha256, and the scan's output when it failed")
     created_at: datetime
 
 

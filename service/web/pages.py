@@ -25,6 +25,7 @@ from sqlalchemy import select
 
 from libreyolo_core.models.registry import list_models
 from libreyolo_core.profiler.verdict import LEVERS
+from service.api.datasets import dataset_public
 from service.api.deps import (
     TOKEN_COOKIE,
     SessionDep,
@@ -465,7 +466,7 @@ def datasets_page(request: Request, session: SessionDep, settings: SettingsDep) 
     stmt = select(Dataset).order_by(Dataset.id.desc())
     if not user.is_admin:
         stmt = stmt.where(Dataset.owner_id == user.id)
-    datasets = list(session.scalars(stmt))
+    datasets = [dataset_public(d, settings) for d in session.scalars(stmt)]
     return _render(request, "datasets.html", {**_base_context(request, user, "datasets"),
                                               "datasets": datasets})
 

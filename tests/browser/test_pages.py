@@ -316,6 +316,14 @@ def test_datasets_page_shows_scan_reports(web, stack, shot, tmp_path):
     expect(page.get_by_text("Registered path: not scanned here")).to_be_visible()
     shot(page, "datasets")
 
+    shared = page.locator("section.dataset", has_text="shared-coco")
+    shared.get_by_role("button", name="Delete").click()
+    page.get_by_role("button", name="Delete dataset").click()
+    expect(shared).to_have_count(0)
+    expect(page.locator("section.dataset", has_text="coco128")).to_have_count(1)
+    page.reload()
+    expect(page.locator("section.dataset")).to_have_count(1)
+
 
 def test_phone_width_pages_fit(web, stack, shot, data_yaml):
     _, token = stack.user()

@@ -66,7 +66,7 @@ def test_extract_counts_real_bytes(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_upload_sample_dataset_scans_it(bob, tmp_path):
+def test_upload_sample_dataset_scans_it(bob, server, tmp_path):
     sample = pytest.importorskip("libreyolo_core.data.sample")
     yaml_path = sample.generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
     root = yaml_path.parent
@@ -78,6 +78,33 @@ def test_upload_sample_dataset_scans_it(bob, tmp_path):
     r = _upload(bob, buf.getvalue(), "sample")
     assert r.status_code == 201, r.text
     ds = r.json()
-    assert ds["path"].endswith("sample/data.yaml") and ds["source"] == "upload"
+    assert ds["path"] == "sample/data.yaml" and ds["source"] == "upload"
     assert ds["report"]["exit_code"] == 0, ds["report"]
     assert ds["status"] == "ready" and set(ds["report"]["splits"]) >= {"train", "val"}
+    # the report once (no raw output of a successful scan), no path of the service's disk
+    assert "output" not in ds["report"] and "cache" not in ds["report"]["splits"]["train"]
+    assert ds["report"]["splits"]["train"]["source"] == "sample/data.yaml: split 'train'"
+    assert '"/' not in r.text, r.text
+
+    again = _upload(bob, buf.getvalue(), "sample again")
+    assert again.status_code == 200 and again.json()["id"] == ds["id"]
+    assert [d["id"] for d in bob.get("/v1/datasets").json()["data"]].count(ds["id"]) == 1
+
+    files = server.app.state.settings.upload_root / ds["id"]
+    assert (files / "sample" / "data.yaml").is_file()
+    assert bob.delete(f"/v1/datasets/{ds['id']}").status_code == 204
+    assert bob.get(f"/v1/datasets/{ds['id']}").status_code == 404 and not files.exists()
+    assert bob.delete(f"/v1/datasets/{ds['id']}").status_code == 404
+
+
+def test_dataset_in_use_is_not_deleted(bob, server, sessions, data_yaml):
+    ds = bob.post("/v1/datasets/register", json={"name": "r", "path": data_yaml}).json()
+    job = bob.post("/v1/jobs", json={"model": "yolo9-t", "data": ds["id"], "gpus": 0}).json()
+    r = bob.delete(f"/v1/datasets/{ds['id']}")
+    assert r.status_code == 409 and r.json()["job_id"] == job["id"], r.text
+    _, other = make_user(sessions)
+    with client(server.url, other) as eve:
+        assert eve.delete(f"/v1/datasets/{ds['id']}").status_code == 404
+    assert bob.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
+    assert bob.delete(f"/v1/datasets/{ds['id']}").status_code == 204
+    assert Path(data_yaml).is_file()  # a registered dataset's files are the user's
