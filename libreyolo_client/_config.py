@@ -2,7 +2,8 @@
 
 Order: the arguments, then ``LIBREYOLO_URL`` / ``LIBREYOLO_TOKEN``, then the credentials
 file that ``libreyolo-service up`` writes (``LIBREYOLO_CREDENTIALS_PATH``, default
-``~/.config/libreyolo/credentials``, JSON ``{"url": ..., "token": ...}``, mode 600).
+``~/.config/libreyolo/credentials``, mode 600): JSON ``{"url": <default service>,
+"token": <its token>, "services": {<url>: <token>, ...}}``, one token per service URL.
 """
 
 from __future__ import annotations
@@ -23,29 +24,37 @@ def credentials_path() -> Path:
                 ).expanduser()
 
 
-def _read_file(path: Path) -> dict[str, str]:
+def _read_file(path: Path) -> tuple[str | None, dict[str, str]]:
+    """``(default URL, {url: token})`` of the credentials file (``(None, {})`` if none)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    services = {str(u).rstrip("/"): t for u, t in (data.get("services") or {}).items()
+                if isinstance(t, str)}
+    default = data.get("url") if isinstance(data.get("url"), str) else None
+    if default and isinstance(data.get("token"), str):
+        services.setdefault(default.rstrip("/"), data["token"])
+    return default, services
 
 
 def resolve(url: str | None = None, token: str | None = None,
             path: str | os.PathLike[str] | None = None) -> tuple[str, str | None]:
     """The service URL and token to use.
 
-    The credentials file's token is only taken for the file's own URL, so a token saved for
-    a local service is never sent to another host.
+    A token of the credentials file is only taken for the URL it was saved for, so a
+    token saved for a local service is never sent to another host.
 
     Returns:
         (url without a trailing slash, token or None).
     """
-    file = _read_file(Path(path).expanduser() if path else credentials_path())
-    url = url or os.environ.get("LIBREYOLO_URL") or file.get("url") or DEFAULT_URL
+    default, services = _read_file(Path(path).expanduser() if path else credentials_path())
+    url = url or os.environ.get("LIBREYOLO_URL") or default or DEFAULT_URL
     url = url.rstrip("/")
     if token is None:
         token = os.environ.get("LIBREYOLO_TOKEN") or None
-    if token is None and file.get("token") and file.get("url", "").rstrip("/") == url:
-        token = file["token"]
+    if token is None:
+        token = services.get(url)
     return url, token

@@ -7,19 +7,18 @@ The CLI never imports the worker: it starts ``python -m worker`` as its own proc
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from libreyolo_client.cli import jobs_app
 from libreyolo_client.datasets_cli import datasets_app
+from service.credentials import save_credentials, saved_token
 from service.settings import Settings
 
 __all__ = ["main", "app"]
@@ -124,43 +123,61 @@ def worker(
     os.execv(argv[0], argv)
 
 
-def save_credentials(path: Path, url: str, token: str) -> None:
-    """Write ``{"url": ..., "token": ...}`` to ``path`` with mode 600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "token": token}, f)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+UP_HELP = f"""Embedded mode: migrations, an admin token, the API and one worker.
+
+Everything lives under ./.libreyolo/ (SQLite database, SQLite broker, artifacts).
+The admin token is printed and saved, for this URL, in the credentials file the SDK
+reads (~/.config/libreyolo/credentials, mode 600; LIBREYOLO_CREDENTIALS_PATH moves it).
+Started again, up reuses the token saved for its URL while this database still knows
+it; a service on another URL gets its own entry, and the first one stays the default.
+
+A child process that dies is restarted, up to {MAX_RESTARTS} times in {RESTART_WINDOW_S:.0f} s; then
+the service stops with exit code 1. Ctrl-C or SIGTERM stops both processes (the
+worker stops its engine first).
+"""
 
 
-@app.command()
+def _admin_token(settings: Settings, url: str) -> tuple[str, bool]:
+    """The token saved for ``url`` if this database still knows it (an admin's), else a
+    new admin token. Returns ``(token, reused)``."""
+    from service.db.session import make_engine, make_session_factory
+    from service.ops import user_for_token
+
+    saved = saved_token(settings.credentials_path, url)
+    if saved:
+        engine = make_engine(settings.database_url)
+        try:
+            with make_session_factory(engine)() as session:
+                user = user_for_token(session, saved)
+                if user is not None and user.is_admin:
+                    return saved, True
+        finally:
+            engine.dispose()
+    return _create_token(settings, "admin", admin=True), False
+
+
+@app.command(help=UP_HELP)
 def up(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     gpus: Annotated[str | None, typer.Option(help="GPUs of the worker (default: found)")] = None,
     cpu: Annotated[bool, typer.Option(help="CPU worker")] = False,
 ) -> None:
-    """Embedded mode: migrations, an admin token, the API and one worker.
-
-    Everything lives under ``./.libreyolo/`` (SQLite database, SQLite broker, artifacts).
-    The token is printed and saved to the credentials file (mode 600) the SDK reads.
-    A child that dies is restarted (up to ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``;
-    then the service stops with exit code 1). Ctrl-C or SIGTERM stops both processes (the
-    worker stops its engine first).
-    """
+    """Embedded mode (see ``UP_HELP``): migrations, the admin token, the API and a worker,
+    restarted when they die; exit code 1 after too many restarts."""
     from service.db.migrate import upgrade
 
     settings = _settings()
     upgrade(settings.database_url)
-    token = _create_token(settings, "admin", admin=True)
     url = f"http://{host}:{port}"
-    save_credentials(settings.credentials_path, url, token)
+    token, reused = _admin_token(settings, url)
+    default = save_credentials(settings.credentials_path, url, token)
     typer.echo(f"API:    {url}  (docs: {url}/docs)")
     typer.echo(f"jobs:   {url}/jobs  (web pages; sign in with the token)")
-    typer.echo(f"token:  {token}")
-    typer.echo(f"saved:  {settings.credentials_path}")
+    typer.echo(f"token:  {token}" + ("  (the one saved before)" if reused else ""))
+    typer.echo(f"saved:  {settings.credentials_path}" + (
+        f"  (for {url}; the default service stays {default}: pass this URL to the SDK "
+        f"or set LIBREYOLO_URL={url})" if default else ""))
     env = {**os.environ, "LIBREYOLO_HOME": str(settings.home),
            "LIBREYOLO_DATABASE_URL": settings.database_url,
            "LIBREYOLO_BROKER_URL": settings.broker_url,

@@ -437,3 +437,23 @@ def test_concurrent_followers_each_get_every_event(stack, token, data_yaml):
         for t in threads:
             t.join(60)
         assert out[0] == out[1] == list(range(1, len(out[0]) + 1))
+
+
+def test_credentials_keep_one_token_per_url(tmp_path, monkeypatch):
+    from service.credentials import save_credentials
+
+    creds = tmp_path / "credentials"
+    creds.write_text(json.dumps({"url": "http://127.0.0.1:8000", "token": "lyt_old"}))  # old form
+    assert save_credentials(creds, "http://127.0.0.1:8001/", "lyt_second") == \
+        "http://127.0.0.1:8000"  # another service: the default stays
+    assert save_credentials(creds, "http://127.0.0.1:8000", "lyt_first") is None
+    assert creds.stat().st_mode & 0o777 == 0o600
+    for k in ("LIBREYOLO_URL", "LIBREYOLO_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("LIBREYOLO_CREDENTIALS_PATH", str(creds))
+    with Client() as c:
+        assert (c.url, c.token) == ("http://127.0.0.1:8000", "lyt_first")
+    with Client("http://127.0.0.1:8001") as c:
+        assert c.token == "lyt_second"
+    with Client("http://127.0.0.1:8002") as c:
+        assert c.token is None
