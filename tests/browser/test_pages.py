@@ -338,3 +338,22 @@ def test_phone_width_pages_fit(web, stack, shot, data_yaml):
     _fits_width(page)
     shot(page, "phone-job")
 
+
+
+ONE_LINE_COMMANDS = """() => [...document.querySelectorAll('main code, main pre')].map(el => {
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+  return [el.textContent.trim(), tops.size];
+})"""
+
+
+@pytest.mark.parametrize("viewport", [None, PHONE], ids=["laptop", "phone"])
+def test_signin_page_never_breaks_a_command(web, shot, viewport):
+    page = web.page(viewport=viewport)
+    page.goto("/signin")
+    commands = page.evaluate(ONE_LINE_COMMANDS)
+    assert "libreyolo-service token create --name you" in [c for c, _ in commands]
+    assert all(lines == 1 for _, lines in commands), commands
+    _fits_width(page)
+    shot(page, f"signin-{'phone' if viewport else 'laptop'}")
