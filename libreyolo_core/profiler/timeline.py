@@ -160,7 +160,7 @@ def _panel(p: Mapping[str, Any]) -> str:
     )
     cats = "".join(
         f'<div class="bar"><span style="width:{min(c["pct"], 100):.1f}%"></span>'
-        f"<b>{html.escape(c['name'])}</b> {c['pct']:.1f}%</div>"
+        f"<b>{html.escape(c['name'])}</b><em>{c['pct']:.1f}%</em></div>"
         for c in p.get("categories", [])
     )
     gpu = bool(p.get("top_kernels"))
@@ -181,6 +181,7 @@ def _panel(p: Mapping[str, Any]) -> str:
         f'<p class="lever"><b>lever:</b> {html.escape(str(p.get("levers", "")))}</p></div>'
         f'<table class="figs">{table}</table>'
         f'<h3>per-step phases (wall ms)</h3><canvas id="steps" height="150"></canvas>'
+        '<p class="caption" id="steps-caption"></p>'
         f"<h3>{'kernel' if gpu else 'CPU op'} mix</h3>{cats or '<p>n/a</p>'}"
         f"<h3>top {'kernels' if gpu else 'CPU ops'} (ms/step)</h3>"
         f'<table class="top">{tops or "<tr><td>n/a</td></tr>"}</table>'
@@ -203,8 +204,12 @@ body{margin:0;font:13px system-ui,sans-serif;color:#222;display:flex;height:100v
 .label{font-size:11px;text-transform:uppercase;color:#555}.bound{font-size:22px;font-weight:700}
 table{border-collapse:collapse;width:100%;margin-top:8px}th,td{text-align:left;padding:2px 4px;
  border-bottom:1px solid #eee;font-weight:normal}th{color:#555}
-.bar{position:relative;height:18px;margin:2px 0;background:#eee}.bar span{position:absolute;left:0;
- top:0;bottom:0;background:#9cb6ec}.bar b{position:relative;font-weight:600;margin-left:4px}
+.bar{position:relative;display:flex;align-items:center;height:18px;margin:2px 0;background:#eee}
+.bar span{position:absolute;left:0;top:0;bottom:0;background:#9cb6ec}
+.bar b{position:relative;font-weight:600;margin-left:4px;flex:1;min-width:0;overflow:hidden;
+ text-overflow:ellipsis;white-space:nowrap}
+.bar em{position:relative;font-style:normal;margin:0 4px 0 8px}
+.caption{margin:2px 0 0;font-size:11px;color:#555}
 h3{margin:12px 0 4px;font-size:13px}#steps{width:100%}.notes{color:#555;padding-left:18px}
 """
 
@@ -217,29 +222,34 @@ const COL={dataload:'#e08a1e',to_device:'#8e6bd1',forward:'#3a63c8',backward:'#2
 function hash(s){let h=0;for(let i=0;i<s.length;i++)h=(h*31+s.charCodeAt(i))|0;return h;}
 function colour(n){if(n.startsWith('step/'))return COL[n.slice(5)]||'#777';
  const h=Math.abs(hash(n))%360;return 'hsl('+h+',55%,62%)';}
-const laneNames=Object.keys(T.lanes);const LH=16,LABEL=110;
-const lanes=[];let y=20;
+const laneNames=Object.keys(T.lanes);const LABEL=110,TOP=20,GAP=8;let LH=16,y=TOP;
+const lanes=[];
 for(const ln of laneNames){const ev=T.lanes[ln];let rows=1;
- for(const e of ev)rows=Math.max(rows,e[3]+1);
- lanes.push({name:ln,ev:ev,y:y,rows:rows});y+=rows*LH+8;}
+ for(const e of ev)rows=Math.max(rows,e[3]+1);lanes.push({name:ln,ev:ev,y:0,rows:rows});}
+// rows share the window's height (16 to 120 px each); a CPU op's row is its call depth
+function layout(h){const rows=lanes.reduce((n,L)=>n+L.rows,0)||1;
+ LH=Math.max(16,Math.min(120,Math.floor((h-TOP-GAP*lanes.length-10)/rows)));y=TOP;
+ for(const L of lanes){L.y=y;y+=L.rows*LH+GAP;}}
+function rowLabel(L,r){return r===0?L.name:(L.name==='CPU ops'?'  called at depth '+r:'  row '+(r+1));}
 const cv=document.getElementById('tl'),ctx=cv.getContext('2d'),wrap=document.getElementById('wrap');
 const tip=document.getElementById('tip');
 let span=Math.max(T.span_us,1),v0=0,v1=span,flows=true;
 function W(){return cv.clientWidth-LABEL;}
 function X(t){return LABEL+(t-v0)/(v1-v0)*W();}
-function resize(){cv.style.width='100%';cv.width=wrap.clientWidth;cv.height=Math.max(y+10,60);
+function resize(){layout(wrap.clientHeight);cv.style.width='100%';cv.width=wrap.clientWidth;
+ cv.height=Math.max(y+10,60);
  cv.style.height=cv.height+'px';draw();}
 function draw(){ctx.clearRect(0,0,cv.width,cv.height);ctx.font='11px sans-serif';
  ctx.fillStyle='#999';for(const s of T.steps){const x=X(s);if(x>=LABEL&&x<=cv.width){
   ctx.fillRect(x,0,1,cv.height);}}
  ctx.fillStyle='#333';ctx.fillText(((v1-v0)/1000).toFixed(2)+' ms visible',LABEL+4,12);
  for(const L of lanes){ctx.fillStyle='#f4f4f4';ctx.fillRect(0,L.y,cv.width,L.rows*LH);
-  ctx.fillStyle='#333';ctx.fillText(L.name,4,L.y+12);
+  ctx.fillStyle='#333';for(let r=0;r<L.rows;r++)ctx.fillText(rowLabel(L,r),4,L.y+r*LH+LH/2+4);
   for(const e of L.ev){if(e[0]+e[1]<v0||e[0]>v1)continue;const x=Math.max(X(e[0]),LABEL);
    const w=Math.max(X(e[0]+e[1])-x,1);ctx.fillStyle=colour(names[e[2]]);
    ctx.fillRect(x,L.y+e[3]*LH+1,w,LH-2);
    if(w>40){ctx.fillStyle='#000';ctx.save();ctx.beginPath();ctx.rect(x,L.y+e[3]*LH,w,LH);ctx.clip();
-    ctx.fillText(names[e[2]],x+2,L.y+e[3]*LH+12);ctx.restore();}}}
+    ctx.fillText(names[e[2]],x+2,L.y+e[3]*LH+LH/2+4);ctx.restore();}}}
  const ops=lanes.find(l=>l.name==='CPU ops')||lanes[0],gk=lanes.find(l=>l.name==='GPU kernels');
  if(flows&&gk&&ops){ctx.strokeStyle='rgba(200,60,60,.35)';ctx.beginPath();
   for(const f of T.flows){if(f[1]<v0||f[0]>v1)continue;ctx.moveTo(X(f[0]),ops.y);
@@ -274,13 +284,13 @@ if(sc){const c=sc.getContext('2d');sc.width=sc.clientWidth||330;
  const bw=Math.max(2,Math.floor((sc.width-10)/Math.max(st.length,1))-2);
  st.forEach((s,i)=>{let yy=sc.height-14;const x=4+i*(bw+2);
   const parts=[['dataload',s.dataload_ms]].concat(Object.entries(s.phases));let used=0;
-  for(const [n,ms] of parts){const h=ms/mx*(sc.height-20);c.fillStyle=COL[n]||'#777';
+  for(const [n,ms] of parts){const h=ms/mx*(sc.height-16);c.fillStyle=COL[n]||'#777';
    c.fillRect(x,yy-h,bw,h);yy-=h;used+=ms;}
-  const rest=Math.max(s.wall_ms-used,0)/mx*(sc.height-20);
+  const rest=Math.max(s.wall_ms-used,0)/mx*(sc.height-16);
   c.fillStyle='#ccc';c.fillRect(x,yy-rest,bw,rest);
   c.fillStyle=s.kind==='synced'?'#3a63c8':'#e08a1e';c.fillRect(x,sc.height-10,bw,4);});
- c.fillStyle='#555';c.font='10px sans-serif';
- c.fillText('max '+mx.toFixed(1)+' ms; orange=unsynced, blue=synced',4,10);}
+ document.getElementById('steps-caption').textContent='one bar per step; tallest '+
+  mx.toFixed(1)+' ms; underline: orange = unsynced step, blue = synced step';}
 const leg=document.getElementById('legend');
 for(const k in COL){const s=document.createElement('span');
  s.style.cssText='display:inline-block;margin-right:8px';

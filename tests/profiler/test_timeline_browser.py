@@ -62,6 +62,20 @@ def test_timeline_opens_without_errors_or_network(profiled_run, tmp_path):
                            return n; }"""
             )
             assert drawn > 1000
+            # the lanes use most of the window; every CPU-op row is labelled; the op-mix
+            # bars show their percentage (not hidden under the bar); no caption on the chart
+            lane_h, wrap_h = page.evaluate(
+                "() => [document.getElementById('tl').height,"
+                " document.getElementById('wrap').clientHeight]")
+            assert lane_h >= 0.6 * wrap_h, (lane_h, wrap_h)
+            covered = page.evaluate(
+                """() => [...document.querySelectorAll('.bar em')].filter(em => {
+                     const r = em.getBoundingClientRect();
+                     return document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)
+                            !== em; }).length""")
+            assert covered == 0
+            assert page.locator(".bar em").first.inner_text().endswith("%")
+            assert "tallest" in page.locator("#steps-caption").inner_text()
 
             box = page.locator("#tl").bounding_box()
             x, y = box["x"] + box["width"] / 2, box["y"] + 40
