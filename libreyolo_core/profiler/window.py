@@ -32,9 +32,26 @@ from typing import Any
 
 import torch
 
-__all__ = ["TrainingProfiler", "ProfileWindowError", "Window", "plan_window", "StepRecord"]
+__all__ = ["TrainingProfiler", "ProfileWindowError", "Window", "plan_window", "StepRecord",
+           "quiet_kineto"]
 
 log = logging.getLogger(__name__)
+
+
+def quiet_kineto(cuda: bool) -> None:
+    """Keep torch.profiler's C++ side (Kineto) from printing lines that look like errors.
+
+    On a CPU run Kineto still probes for a GPU and writes ``ERROR: ... gpuGetDeviceCount
+    failed with code 35`` and ``USDT: ... profiler_start`` / ``profiler_stop`` markers to
+    stderr; none of them is a problem, so they are silenced (``KINETO_LOG_LEVEL=6``, read
+    when the first profiler starts; a value the user set wins). On a GPU run Kineto's own
+    errors matter and stay; its USDT markers are explained once in the log instead.
+    """
+    if not cuda:
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    elif "KINETO_LOG_LEVEL" not in os.environ:
+        log.info("profiler: the 'USDT: ... profiler_start/profiler_stop' lines on stderr are "
+                 "torch.profiler's window markers, not errors")
 
 _NULL = contextlib.nullcontext()
 MIN_STEPS = 2
@@ -182,6 +199,7 @@ class TrainingProfiler:
             from torch.profiler import ProfilerActivity, profile, schedule
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            quiet_kineto(self.cuda)
             self._trace_dir = tempfile.mkdtemp(prefix="libreyolo-trace-")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -151,3 +154,20 @@ def test_step_end_is_true_once_and_finish_is_idempotent(tmp_path):
         results.append(prof.step_end())
     assert results == [False, True, False, False]
     assert prof.finish(tmp_path) is prof.finish(tmp_path)
+
+
+def test_cpu_trace_prints_no_gpu_probe_or_usdt_lines(tmp_path):
+    code = (
+        "import os, torch\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "from libreyolo_core.profiler.window import quiet_kineto\n"
+        "quiet_kineto(cuda=False)\n"
+        "with profile(activities=[ProfilerActivity.CPU]):\n"
+        "    x = torch.randn(32, 32); (x @ x).sum()\n"
+        "print('traced')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "traced", out.stderr
+    assert "gpuGetDeviceCount" not in out.stderr and "USDT:" not in out.stderr, out.stderr
