@@ -42,7 +42,8 @@ def _wait_status(job, statuses, timeout=30.0):
 # -- the package -----------------------------------------------------------------------
 
 def test_client_imports_neither_torch_nor_the_service():
-    code = ("import sys, libreyolo_client, libreyolo_client.cli, libreyolo_client.demo;"
+    code = ("import sys, libreyolo_client, libreyolo_client.cli, libreyolo_client.demo, "
+            "libreyolo_client.datasets_cli;"
             "bad = [m for m in ('torch', 'service', 'worker', 'libreyolo_core') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -50,7 +51,7 @@ def test_client_imports_neither_torch_nor_the_service():
 
 def test_all_lists_the_public_names():
     public = {n for n in dir(libreyolo_client) if not n.startswith("_")}
-    public -= {"cli", "demo"}  # submodules
+    public -= {"cli", "datasets_cli", "demo"}  # submodules
     assert set(libreyolo_client.__all__) == public
     assert libreyolo_client.__all__ == sorted(libreyolo_client.__all__)
 
