@@ -390,7 +390,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
         }
 
-    def _save(self, epoch: int, is_best: bool) -> None:
+    def _save(self, epoch: int, is_best: bool, periodic: bool = True) -> None:
+        """``last.pt`` (+ ``best.pt`` when best); ``epoch_N.pt`` every ``save_period``
+        completed epochs unless ``periodic`` is False (an interrupt's save, whose ``epoch``
+        is the last completed one, -1 when none was)."""
         if not self.dist.is_main:
             return
         state = self._state(epoch)
@@ -401,7 +404,7 @@ class Trainer:
             shutil.copyfile(last, weights / ".best.pt.tmp")
             os.replace(weights / ".best.pt.tmp", weights / "best.pt")
             self.events.emit("artifact", path="weights/best.pt", kind="checkpoint")
-        if self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
+        if periodic and self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
 
     def _write_results(self) -> None:
@@ -464,7 +467,7 @@ class Trainer:
             if self._stopping():
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
-                self._save(epoch - 1, is_best=False)
+                self._save(epoch - 1, is_best=False, periodic=False)
                 raise TrainingInterrupted(self.stop_reason)
             epoch_time = time.perf_counter() - t0
             if cfg.profile_then_stop:  # a profile-only run writes no checkpoint or results
