@@ -271,8 +271,10 @@ def download(
     job_id: Annotated[str, typer.Argument(help="job id")],
     path: Annotated[str, typer.Argument(help="artifact path in the run directory")]
     = "weights/best.pt",
-    dest: Annotated[Path | None, typer.Option("--dest", "-o",
-                                              help="file or folder (default: here)")] = None,
+    # A str, not a Path: Path("models/") drops the slash that says "a folder".
+    dest: Annotated[str | None, typer.Option(
+        "--dest", "-o", help="file, or folder (an existing one, or a path ending in '/', "
+                             "created if missing); default: here")] = None,
     list_: Annotated[bool, typer.Option("--list", "-l", help="list the artifacts")] = False,
 ) -> None:
     """Download an artifact (resumes an interrupted download; checks its sha256)."""
