@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 import webbrowser
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from libreyolo_client._client import Client, Job
-from libreyolo_client._errors import JobError, LibreYOLOError, ValidationError
+from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import format_bytes, format_metrics
 
@@ -102,6 +103,8 @@ def _summary(info: JobInfo) -> str:
         return format_metrics(res.get("metrics"), ("mAP50-95",))
     if info.status == "failed":
         return str((info.error or {}).get("reason", ""))
+    if info.status == "queued" and info.waiting:
+        return info.waiting
     return ""
 
 
@@ -173,10 +176,13 @@ def submit(
                                           help="follow with a progress bar until done")] = False,
 ) -> None:
     """Submit a job and print its id (with -f: follow it to the end)."""
-    with _client() as c:
+    with _client() as c, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
         job = c.submit(kind, model, data, gpus=gpus, procs=procs, priority=priority,
                        time_budget_s=time_budget_s, params=parse_params(params or []))
         typer.echo(job.id)
+        for text in job.info.warnings:
+            typer.echo(f"warning: {text}", err=True)
         typer.echo(f"page: {job.page_url}", err=True)
         if follow_:
             _print_final(follow(job))
@@ -222,7 +228,8 @@ def show(
         typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.model}\n"
                    f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
-                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})")
+                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
+                   + (f": {i.waiting}" if i.waiting else ""))
         if i.progress and not i.done:
             p = i.progress
             typer.echo(f"progress: epoch {p.get('epoch')}/{p.get('epochs')} step "
