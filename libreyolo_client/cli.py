@@ -23,7 +23,7 @@ import typer
 from libreyolo_client._client import Client, Job
 from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
-from libreyolo_client._progress import format_bytes, format_metrics
+from libreyolo_client._progress import format_bytes, format_metrics, progress_text
 
 __all__ = ["jobs_app", "parse_params"]
 
@@ -95,7 +95,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 def _summary(info: JobInfo) -> str:
     p = info.progress or {}
     if info.status in ("running", "cancelling") and p.get("epoch"):
-        return f"epoch {p.get('epoch')}/{p.get('epochs')}"
+        return progress_text(p)
+    if info.status in ("running", "cancelling"):
+        return "starting (setting up the run)"
     if info.status == "succeeded":
         res = info.result or {}
         if res.get("verdict"):
@@ -131,6 +133,9 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                 bar.console.print(f"status: {d.get('status')} "
                                   + " ".join(f"{k}={v}" for k, v in extra.items()))
             elif name in ("progress", "epoch_start") and d.get("epochs"):
+                if d.get("phase") == "validating":  # the bar stays at the epoch's end
+                    bar.update(task, detail=progress_text(d).replace("  ", " "))
+                    return
                 steps = int(d.get("steps") or 1)
                 total = int(d["epochs"]) * steps
                 done = (int(d.get("epoch") or 1) - 1) * steps + int(d.get("step") or 0)
@@ -232,8 +237,7 @@ def show(
                    + (f": {i.waiting}" if i.waiting else ""))
         if i.progress and not i.done:
             p = i.progress
-            typer.echo(f"progress: epoch {p.get('epoch')}/{p.get('epochs')} step "
-                       f"{p.get('step')}/{p.get('steps')} {format_metrics(p.get('metrics'))}")
+            typer.echo(f"progress: {progress_text(p)}  {format_metrics(p.get('metrics'))}".rstrip())
         if i.duration_s is not None:
             typer.echo(f"duration: {i.duration_s:.1f} s")
         res = i.result or {}

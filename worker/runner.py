@@ -236,10 +236,13 @@ class _Run:
 
     def _observe(self, name: str, ev: dict[str, Any]) -> None:
         if name in ("progress", "epoch_start"):
-            for k in ("epoch", "epochs", "step", "steps", "eta_s", "img_per_s", "losses"):
+            for k in ("phase", "epoch", "epochs", "step", "steps", "val_batch", "val_batches",
+                      "eta_s", "img_per_s", "losses"):
                 if k in ev:
                     self.progress[k] = ev[k]
         elif name == "epoch_end":
+            for k in ("phase", "val_batch", "val_batches"):  # the epoch's phases are over
+                self.progress.pop(k, None)
             for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
                 if k in ev:
                     self.progress[k] = ev[k]

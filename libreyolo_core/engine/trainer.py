@@ -71,6 +71,9 @@ CALLBACK_EVENTS = ("on_train_start", "on_epoch_end", "on_train_end")
 
 #: Consecutive non-finite losses that stop a run.
 MAX_NONFINITE_STREAK = 10
+#: Wall-clock seconds between progress events (and log lines) at most, whatever
+#: ``log_interval`` says: long steps, a small dataset or validation never go quiet.
+PROGRESS_EVERY_S = 2.0
 
 
 class TrainingInterrupted(RuntimeError):
@@ -556,6 +559,7 @@ class Trainer:
         by_batch = self.spec.scale_loss_by_batch
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
+        last_report = t_start
         for i, batch in enumerate(batches):
             step = epoch * self.steps_per_epoch + i // self.accumulate
             window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
@@ -615,17 +619,22 @@ class Trainer:
                 prof = None
                 if self.stop_requested:
                     break
-            if progress is not None or (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
-                elapsed = time.perf_counter() - t_start
+            now = time.perf_counter()
+            report = ((i + 1) % cfg.log_interval == 0 or i + 1 == nb
+                      or now - last_report >= PROGRESS_EVERY_S)
+            if progress is not None or report:
+                elapsed = now - t_start
                 ips = images_seen / max(elapsed, 1e-9)
                 mean = self._mean_losses(sums, counted)
                 eta = (nb - i - 1) * elapsed / (i + 1) + (cfg.epochs - epoch - 1) * elapsed / (i + 1) * nb
                 if progress is not None:
                     progress.set_postfix({**{k: f"{v:.3f}" for k, v in mean.items()}, "img/s": f"{ips:.1f}"})
                     progress.update(1)
-                if (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
-                    self.events.emit("progress", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1,
-                                     steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean)
+                if report:
+                    last_report = now
+                    self.events.emit("progress", phase="training", epoch=epoch + 1,
+                                     epochs=cfg.epochs, step=i + 1, steps=nb, eta_s=round(eta, 1),
+                                     img_per_s=round(ips, 2), losses=mean)
                     if progress is None and self.dist.is_main:
                         print(f"epoch {epoch + 1}/{cfg.epochs} step {i + 1}/{nb} "
                               + " ".join(f"{k}={v:.4f}" for k, v in mean.items())
@@ -689,7 +698,27 @@ class Trainer:
     def _validate(self) -> dict[str, float]:
         net = self.ema.module if self.ema is not None else unwrap(self.model)
         return validate(net, self.family, self.val_loader, self.device, self.nc, conf=self.cfg.conf,
-                        iou=self.cfg.iou, max_det=self.cfg.max_det, amp=self.amp)
+                        iou=self.cfg.iou, max_det=self.cfg.max_det, amp=self.amp,
+                        on_batch=self._validation_progress())
+
+    def _validation_progress(self):
+        """``on_batch(k, n)`` for :func:`validate`: a ``progress`` event with ``phase:
+        "validating"``, ``val_batch`` and ``val_batches`` (and a log line) at the first and
+        last batch and at most every :data:`PROGRESS_EVERY_S` seconds between."""
+        last = [0.0]
+        epoch, epochs = self.epoch + 1, self.cfg.epochs
+
+        def on_batch(k: int, n: int) -> None:
+            now = time.perf_counter()
+            if k not in (1, n) and now - last[0] < PROGRESS_EVERY_S:
+                return
+            last[0] = now
+            self.events.emit("progress", phase="validating", epoch=epoch, epochs=epochs,
+                             val_batch=k, val_batches=n)
+            if self.dist.is_main:
+                print(f"epoch {epoch}/{epochs} validating {k}/{n}", flush=True)
+
+        return on_batch
 
     # -- output ---------------------------------------------------------------------------
     def _progress(self, epoch: int, total: int):

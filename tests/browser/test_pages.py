@@ -126,6 +126,10 @@ def test_submit_from_the_form_then_watch_log_and_curves(web, stack, shot, data_y
     expect(result).to_contain_text("Best epoch")
     expect(result).to_contain_text("0.4000")  # mAP50 of epoch 4
     expect(page.locator("#log")).to_contain_text("done")
+    expect(page.locator("#log")).to_contain_text("run ended: succeeded")
+    log = page.locator("#log").inner_text()
+    # the engine's last lines come before the 'run ended' line, which comes before the job's
+    assert log.index("done") < log.index("run ended") < log.index("job succeeded"), log
     assert page.locator("#map-chart circle").count() == 8
     artifacts = page.locator("table.artifacts")
     expect(artifacts).to_contain_text("weights/last.pt")
