@@ -468,6 +468,12 @@ class Job:
         """Final metrics (``mAP50``, ``mAP50-95``, ...), or ``{}``."""
         return dict((self.result or {}).get("metrics") or {})
 
+    @property
+    def lever(self) -> dict[str, Any]:
+        """A profile job's lever, or ``{}``: ``{"verdict", "params": {training key: value to
+        try}, "why", "also": [other advice]}``; e.g. ``c.train(..., **job.lever["params"])``."""
+        return dict((self.result or {}).get("lever") or {})
+
     def refresh(self) -> JobInfo:
         """Read the job again; returns (and keeps) the new :class:`JobInfo`."""
         self.info = JobInfo.model_validate(self._client._json("GET", f"/v1/jobs/{self.id}"))

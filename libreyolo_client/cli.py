@@ -246,6 +246,13 @@ def show(
                        f"{format_metrics(res.get('metrics'))}")
             if res.get("verdict"):
                 typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
+                lever = res.get("lever") or {}
+                if lever:
+                    tried = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
+                    typer.echo(f"lever:    {('try ' + tried + ' — ') if tried else ''}"
+                               f"{lever.get('why') or ''}")
+                    for tip in lever.get("also") or []:
+                        typer.echo(f"          also: {tip}")
         if i.error:
             typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
             if i.error.get("engine_error"):

@@ -314,6 +314,7 @@ class _Run:
             prof = {k: v for k, v in self.profile.items() if k not in ("event", "time")}
             result["verdict"] = prof.get("verdict")
             result["bound_why"] = prof.get("bound_why")
+            result["lever"] = prof.get("lever")
             result["profile"] = prof
         return result
 

@@ -313,6 +313,15 @@ def _artifacts(request: Request, session: SessionDep, job: Job) -> list[dict[str
              "url": url + rel} for rel, p in store.list_files(job.id)]
 
 
+def _lever_text(lever: dict[str, Any] | None) -> str | None:
+    """``try workers=8 cache=ram: <why>; <also>`` from a result's structured lever."""
+    if not lever:
+        return None
+    params = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
+    text = (f"try {params}: " if params else "") + str(lever.get("why") or "")
+    return "; ".join([text, *(lever.get("also") or [])])
+
+
 def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                      ) -> dict[str, Any]:
     now = datetime.now(UTC)
@@ -326,7 +335,8 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                    if isinstance(profile.get(key), int | float)]
         timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
         verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
-                   "lever": LEVERS.get(str(result["verdict"])), "figures": figures,
+                   "lever": _lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
+                   "figures": figures,
                    "timeline_url": timeline["url"] if timeline else None}
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]

@@ -248,6 +248,10 @@ def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):
         "profile_steps": 3})
     stack.run(job["id"], real=True).join(120)
     assert _status(stack, token, job["id"]) == "succeeded"
+    with client(stack.url, token) as c:
+        result = c.get(f"/v1/jobs/{job['id']}").json()["result"]
+    lever = result["lever"]  # the lever as data, next to the verdict
+    assert lever["verdict"] == result["verdict"] and lever["why"] and "params" in lever
 
     page = web.page(token)
     page.goto(f"/jobs/{job['id']}")
@@ -255,6 +259,7 @@ def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):
     expect(card).to_contain_text("Bottleneck:")
     expect(card).to_contain_text("Why:")
     expect(card).to_contain_text("Lever to pull:")
+    expect(card).to_contain_text(lever["why"])
     expect(card).to_contain_text("step time")
     expect(page.locator("table.artifacts")).to_contain_text("profile.json")
     shot(page, "job-profile")

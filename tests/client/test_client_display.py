@@ -1,4 +1,5 @@
-"""How a job's progress reads while it trains and while it validates (SDK, CLI, page)."""
+"""How a job reads in the SDK, the CLI and the page: progress while it trains and while it
+validates, a profile job's lever."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def test_page_text_and_the_jobs_list():
     assert _summary(info) == "epoch 3/3  validating 2/4"
     info.progress = {}
     assert _summary(info).startswith("starting")
+
+
+def test_profile_lever_in_the_sdk_and_on_the_page():
+    from libreyolo_client import Job
+    from libreyolo_client._models import JobInfo
+    from service.web.pages import _lever_text
+
+    lever = {"verdict": "dataloader", "params": {"workers": 8, "cache": "ram"},
+             "why": "the step waits for data", "also": ["lighter augmentation"]}
+    info = JobInfo(id="j1", kind="profile", model="yolo9-t", data="d.yaml", status="succeeded",
+                   result={"verdict": "dataloader", "lever": lever})
+    assert Job(None, info).lever["params"] == {"workers": 8, "cache": "ram"}
+    assert _lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
+                                  "lighter augmentation")
+    assert Job(None, info.model_copy(update={"result": {}})).lever == {}
