@@ -365,7 +365,8 @@ def _exit_for(exc: Exception) -> int:
     if interrupted and int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
         return EXIT_SIGTERM
     if interrupted:
-        print(f"interrupted ({exc}): last.pt saved; resume with resume=path/to/last.pt", file=sys.stderr)
+        last = getattr(exc, "last_checkpoint", None) or "path/to/last.pt"
+        print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):

@@ -77,7 +77,16 @@ PROGRESS_EVERY_S = 2.0
 
 
 class TrainingInterrupted(RuntimeError):
-    """SIGTERM (or a callback's stop request) ended the run after saving ``last.pt``."""
+    """SIGTERM (or a callback's stop request) ended the run after saving ``last.pt``.
+
+    Attributes:
+        last_checkpoint: the ``last.pt`` written (None when not known, e.g. on a rank
+            other than 0).
+    """
+
+    def __init__(self, reason: str, last_checkpoint: str | os.PathLike[str] | None = None):
+        super().__init__(reason)
+        self.last_checkpoint = None if last_checkpoint is None else str(last_checkpoint)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -471,7 +480,7 @@ class Trainer:
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
                 self._save(epoch - 1, is_best=False, periodic=False)
-                raise TrainingInterrupted(self.stop_reason)
+                raise TrainingInterrupted(self.stop_reason, self.run_dir / "weights" / "last.pt")
             epoch_time = time.perf_counter() - t0
             if cfg.profile_then_stop:  # a profile-only run writes no checkpoint or results
                 continue
@@ -508,7 +517,7 @@ class Trainer:
             if self.dist.enabled:
                 early = self._share_epoch_outcome(early)
             if self._stopping():
-                raise TrainingInterrupted(self.stop_reason)
+                raise TrainingInterrupted(self.stop_reason, self.run_dir / "weights" / "last.pt")
             if early:
                 log.info("early stop: no better fitness for %d validated epochs (best epoch %d)",
                          since_best, self.best_epoch)
@@ -533,8 +542,9 @@ class Trainer:
         self.train_set.close_mosaic()
         hook = getattr(self.family, "on_mosaic_disable", None)
         changed = hook(self.model, self.loss_fn) if hook is not None else False
-        log.info("epoch %d: mosaic and mixup off for the last %d epochs", epoch + 1,
-                 self.cfg.epochs - epoch)
+        left = self.cfg.epochs - epoch
+        log.info("epoch %d: mosaic and mixup off for the last %s", epoch + 1,
+                 "epoch" if left == 1 else f"{left} epochs")
         if changed:
             self.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
             if getattr(self, "cuda_graph", None) is not None:

@@ -108,12 +108,13 @@ def test_sigterm_saves_last_and_exits_143_then_resumes(sample_yaml, tmp_path):
 
 @pytest.mark.slow
 def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_yaml, tmp_path,
-                                                                        monkeypatch, capsys):
+                                                                        monkeypatch, capsys, caplog):
     """A log_interval longer than the epoch no longer means silence: progress comes at least
     every PROGRESS_EVERY_S (0 here: every step), and validation reports 'validating k/n'."""
     from libreyolo_core.engine import trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level("INFO", logger="libreyolo_core.engine.trainer")
     LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=1, project=tmp_path, log_interval=1000,
                                **{**FAST, "imgsz": 64, "batch": 4})
     events = read_events(tmp_path / "exp" / "events.jsonl")
@@ -125,3 +126,4 @@ def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_
     kinds = [e["event"] for e in events]
     assert kinds.index("epoch_end") > max(i for i, e in enumerate(events) if e.get("phase") == "validating")
     assert "epoch 1/1 validating 2/2" in capsys.readouterr().out
+    assert "mosaic and mixup off for the last epoch" in caplog.text  # not "last 1 epochs"

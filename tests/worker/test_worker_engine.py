@@ -145,6 +145,8 @@ def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
     assert job["status"] == "cancelled" and job["result"]["status"] == "interrupted", job
     assert "weights/last.pt" in arts, arts
     assert not [a for a in arts if a.startswith("weights/epoch_")], arts  # no unexplained copies
+    last = settings.artifact_root / job_id / "run" / "weights" / "last.pt"
+    assert f"{last} saved; resume with resume={last}" in logs, logs[-2000:]  # the real path
     lines = engine_lines(settings.artifact_root / job_id / "run")
     assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
 
