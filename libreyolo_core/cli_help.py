@@ -59,12 +59,12 @@ COMMAND_HELP: dict[str, CommandHelp] = {
          "libreyolo predict model=best.pt source=bus.jpg json=true > boxes.jsonl")),
     "profile": CommandHelp(
         "profile a short training window: time per phase, a verdict and the lever to try",
-        (("run", "profile a window of training steps: --model, --data, --imgsz, --batch"),
+        (("run DATA", "profile a window of training steps: --model, --imgsz, --batch, --workers"),
          ("summary", "verdict, lever and the figures of a profile.json"),
          ("phases|kernels|ops", "tables of one profile"),
          ("get FIELD", "one figure, for scripts"),
          ("compare A B", "two profiles side by side")),
-        ("libreyolo profile run --model yolo9-t --data coco128.yaml --imgsz 320 --batch 16",
+        ("libreyolo profile run coco128.yaml --model yolo9-t --imgsz 320 --batch 16",
          "libreyolo profile summary runs/train/exp/profile.json")),
     "cfg": CommandHelp(
         "print every training key, its value and where it came from (default, family, you)",

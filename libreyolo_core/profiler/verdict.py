@@ -121,7 +121,7 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
         also.append("fewer per-step host syncs (.item()) in custom callbacks")
     else:  # MIXED or unknown
         why = "repeat trials disagreed: profile again with more steps before changing anything"
-        also.append("libreyolo profile run --steps 40 --repeat 3")
+        also.append("libreyolo profile run DATA --steps 40 --repeat 3")
     return {"verdict": bound, "params": params, "why": why, "also": also}
 
 
