@@ -105,8 +105,9 @@ def _wait_for_step(c, job_id: str, step: int, timeout: float = 240.0) -> None:
 
 
 @pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+@pytest.mark.parametrize("procs", [1, 2])  # 2: torchrun's agent passes SIGTERM to the ranks
 def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
-        make_settings, sqlite_url, tmp_path):
+        make_settings, sqlite_url, tmp_path, procs):
     """Cancel reaches the engine the documented way (SIGTERM to its main process), so
     loader workers (workers=2) are not killed under it: the step finishes, last.pt is
     written, run_end is 'interrupted' and the job ends 'cancelled' with no traceback."""
@@ -124,8 +125,9 @@ def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
     try:
         _, token = make_user(app.state.sessions)
         with client(srv.url, token) as c:
-            r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0, "params": {
-                "epochs": 3, "imgsz": 64, "batch": 2, "workers": 2, "log_interval": 1}})
+            r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0,
+                                         "procs": procs, "params": {
+                "epochs": 3, "imgsz": 64, "batch": 2 * procs, "workers": 2, "log_interval": 1}})
             assert r.status_code == 201, r.text
             job_id = r.json()["id"]
             out: dict[str, str] = {}
