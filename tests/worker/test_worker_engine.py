@@ -163,7 +163,7 @@ def test_hand_back_with_loader_workers_resumes_to_success(make_settings, sqlite_
     from service.app import create_app
     from worker.runner import run_job
 
-    data = generate_sample_dataset(tmp_path / "sample", n_train=32, n_val=4, imgsz=64)
+    data = generate_sample_dataset(tmp_path / "sample", n_train=16, n_val=2, imgsz=64)
     settings = make_settings(sqlite_url, engine_command=None, heartbeat_s=1, poll_interval_s=0.1,
                              lease_s=120, grace_s=60)
     app = create_app(settings)
@@ -172,14 +172,14 @@ def test_hand_back_with_loader_workers_resumes_to_success(make_settings, sqlite_
         _, token = make_user(app.state.sessions)
         with client(srv.url, token) as c:
             r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0, "params": {
-                "epochs": 2, "imgsz": 64, "batch": 2, "workers": 2, "log_interval": 1}})
+                "epochs": 1, "imgsz": 64, "batch": 2, "workers": 2, "log_interval": 1}})
             job_id = r.json()["id"]
             stop, sent, out = threading.Event(), [], {}
             t = threading.Thread(target=lambda: out.setdefault("s", run_job(
                 job_id, settings=settings, sessions=app.state.sessions, stop=stop,
                 on_requeue=lambda *a: sent.append(a))))
             t.start()
-            _wait_for_step(c, job_id, 2)
+            _wait_for_step(c, job_id, 1)
             stop.set()
             t.join(120)
             handed_back = c.get(f"/v1/jobs/{job_id}").json()
