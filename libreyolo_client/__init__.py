@@ -25,6 +25,7 @@ from libreyolo_client._errors import (
     LibreYOLOError,
     NotFound,
     ServiceUnavailable,
+    SubmitWarning,
     ValidationError,
     WaitTimeout,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "LibreYOLOError",
     "NotFound",
     "ServiceUnavailable",
+    "SubmitWarning",
     "ValidationError",
     "WaitTimeout",
 ]

@@ -11,6 +11,7 @@ import asyncio
 import os
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from libreyolo_client._errors import (
     JobCancelled,
     JobFailed,
     ServiceUnavailable,
+    SubmitWarning,
     error_from_response,
 )
 from libreyolo_client._models import ArtifactInfo, Event, JobInfo
@@ -97,8 +99,11 @@ class AsyncClient(_Base):
         body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
                               dict(params or {}))
         key = idempotency_key or uuid.uuid4().hex
-        info = await self._json("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key})
-        return AsyncJob(self, JobInfo.model_validate(info))
+        info = JobInfo.model_validate(
+            await self._json("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}))
+        for text in info.warnings:
+            warnings.warn(text, SubmitWarning, stacklevel=3)
+        return AsyncJob(self, info)
 
     async def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
                     gpus: int | None = None, **kw: Any) -> AsyncJob:

@@ -13,6 +13,7 @@ import random
 import tempfile
 import time
 import uuid
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from libreyolo_client._errors import (
     JobCancelled,
     JobFailed,
     ServiceUnavailable,
+    SubmitWarning,
     WaitTimeout,
     error_from_response,
 )
@@ -240,13 +242,16 @@ class Client(_Base):
         """Submit a ``train`` or ``profile`` job; see :meth:`train`.
 
         A fresh ``Idempotency-Key`` (or yours) goes with the request and with every retry of
-        it, so a retried submit never makes two jobs.
+        it, so a retried submit never makes two jobs. When the service warns (no live worker
+        serves the job's queue), each warning is issued as a :class:`SubmitWarning`.
         """
         body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
                               dict(params or {}))
         key = idempotency_key or uuid.uuid4().hex
         info = JobInfo.model_validate(self._json("POST", "/v1/jobs", json=body,
                                                  headers={"Idempotency-Key": key}))
+        for text in info.warnings:
+            warnings.warn(text, SubmitWarning, stacklevel=3)
         return Job(self, info)
 
     def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int | None
@@ -482,6 +487,12 @@ class Job:
     def metrics(self) -> dict[str, Any]:
         """Final metrics (``mAP50``, ``mAP50-95``, ...), or ``{}``."""
         return dict((self.result or {}).get("metrics") or {})
+
+    @property
+    def lever(self) -> dict[str, Any]:
+        """A profile job's lever, or ``{}``: ``{"verdict", "params": {training key: value to
+        try}, "why", "also": [other advice]}``; e.g. ``c.train(..., **job.lever["params"])``."""
+        return dict((self.result or {}).get("lever") or {})
 
     def refresh(self) -> JobInfo:
         """Read the job again; returns (and keeps) the new :class:`JobInfo`."""

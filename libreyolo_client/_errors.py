@@ -29,8 +29,13 @@ if TYPE_CHECKING:
 __all__ = [
     "APIError", "AuthError", "ChecksumError", "Conflict", "JobCancelled",
     "JobError", "JobFailed", "LibreYOLOError", "NotFound", "ServiceUnavailable",
-    "ValidationError", "WaitTimeout", "error_from_response",
+    "SubmitWarning", "ValidationError", "WaitTimeout", "error_from_response",
 ]
+
+
+class SubmitWarning(UserWarning):
+    """The service accepted a job but says it may not run soon (e.g. no live worker
+    serves its queue). Issued by ``submit``; the texts are also in ``JobInfo.warnings``."""
 
 
 class LibreYOLOError(Exception):

@@ -23,7 +23,9 @@ class JobInfo(_Model):
     ``progress`` holds the latest epoch, epochs, step, steps, eta_s, losses and metrics;
     ``result`` (on success) the final ``metrics``, ``best_epoch`` and, for profile jobs,
     ``verdict`` and ``bound_why``; ``error`` (on failure) ``reason``, ``exit_code`` and
-    ``log_tail``. Times are UTC; ``duration_s`` is in seconds.
+    ``log_tail``. Times are UTC; ``duration_s`` is in seconds. ``waiting`` says why a
+    queued job cannot start (``"waiting for a gpu-1 worker (none online)"``);
+    ``warnings`` (submit only) what may keep it from running.
     """
 
     id: str
@@ -47,6 +49,8 @@ class JobInfo(_Model):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     duration_s: float | None = None
+    waiting: str | None = None
+    warnings: list[str] = []
 
     @property
     def done(self) -> bool:

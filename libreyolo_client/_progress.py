@@ -20,6 +20,17 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def progress_text(d: dict) -> str:
+    """One line for a ``progress`` event: ``epoch 2/10  step 5/8  eta 40s`` while
+    training, ``epoch 2/10  validating 3/4`` while validating."""
+    head = f"epoch {d.get('epoch')}/{d.get('epochs')}"
+    if d.get("phase") == "validating":
+        return f"{head}  validating {d.get('val_batch')}/{d.get('val_batches')}"
+    eta = d.get("eta_s")
+    eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
+    return f"{head}  step {d.get('step')}/{d.get('steps')}{eta_s}"
+
+
 def format_metrics(metrics: dict | None, keys: tuple[str, ...] = ("mAP50", "mAP50-95")) -> str:
     """``{'mAP50': 0.5, ...}`` -> ``'mAP50 0.5000  mAP50-95 0.3000'`` (missing keys skipped)."""
     if not metrics:
@@ -75,10 +86,7 @@ class EventPrinter:
             if now - self._last_live < (0.2 if self.tty else 15.0):
                 return
             self._last_live = now
-            eta = d.get("eta_s")
-            eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
-            text = (f"epoch {d.get('epoch')}/{d.get('epochs')}  step {d.get('step')}/"
-                    f"{d.get('steps')}{eta_s}")
+            text = progress_text(d)
             if not self.tty:
                 self._line(text)
                 return

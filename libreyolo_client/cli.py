@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 import webbrowser
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,9 +21,9 @@ from typing import Annotated, Any
 import typer
 
 from libreyolo_client._client import Client, Job
-from libreyolo_client._errors import JobError, LibreYOLOError, ValidationError
+from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
-from libreyolo_client._progress import format_bytes, format_metrics
+from libreyolo_client._progress import format_bytes, format_metrics, progress_text
 
 __all__ = ["jobs_app", "parse_params"]
 
@@ -94,7 +95,9 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 def _summary(info: JobInfo) -> str:
     p = info.progress or {}
     if info.status in ("running", "cancelling") and p.get("epoch"):
-        return f"epoch {p.get('epoch')}/{p.get('epochs')}"
+        return progress_text(p)
+    if info.status in ("running", "cancelling"):
+        return "starting (setting up the run)"
     if info.status == "succeeded":
         res = info.result or {}
         if res.get("verdict"):
@@ -102,6 +105,8 @@ def _summary(info: JobInfo) -> str:
         return format_metrics(res.get("metrics"), ("mAP50-95",))
     if info.status == "failed":
         return str((info.error or {}).get("reason", ""))
+    if info.status == "queued" and info.waiting:
+        return info.waiting
     return ""
 
 
@@ -128,6 +133,9 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                 bar.console.print(f"status: {d.get('status')} "
                                   + " ".join(f"{k}={v}" for k, v in extra.items()))
             elif name in ("progress", "epoch_start") and d.get("epochs"):
+                if d.get("phase") == "validating":  # the bar stays at the epoch's end
+                    bar.update(task, detail=progress_text(d).replace("  ", " "))
+                    return
                 steps = int(d.get("steps") or 1)
                 total = int(d["epochs"]) * steps
                 done = (int(d.get("epoch") or 1) - 1) * steps + int(d.get("step") or 0)
@@ -173,10 +181,13 @@ def submit(
                                           help="follow with a progress bar until done")] = False,
 ) -> None:
     """Submit a job and print its id (with -f: follow it to the end)."""
-    with _client() as c:
+    with _client() as c, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
         job = c.submit(kind, model, data, gpus=gpus, procs=procs, priority=priority,
                        time_budget_s=time_budget_s, params=parse_params(params or []))
         typer.echo(job.id)
+        for text in job.info.warnings:
+            typer.echo(f"warning: {text}", err=True)
         typer.echo(f"page: {job.page_url}", err=True)
         if follow_:
             _print_final(follow(job))
@@ -222,11 +233,11 @@ def show(
         typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.model}\n"
                    f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
-                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})")
+                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
+                   + (f": {i.waiting}" if i.waiting else ""))
         if i.progress and not i.done:
             p = i.progress
-            typer.echo(f"progress: epoch {p.get('epoch')}/{p.get('epochs')} step "
-                       f"{p.get('step')}/{p.get('steps')} {format_metrics(p.get('metrics'))}")
+            typer.echo(f"progress: {progress_text(p)}  {format_metrics(p.get('metrics'))}".rstrip())
         if i.duration_s is not None:
             typer.echo(f"duration: {i.duration_s:.1f} s")
         res = i.result or {}
@@ -235,6 +246,13 @@ def show(
                        f"{format_metrics(res.get('metrics'))}")
             if res.get("verdict"):
                 typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
+                lever = res.get("lever") or {}
+                if lever:
+                    tried = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
+                    typer.echo(f"lever:    {('try ' + tried + ' — ') if tried else ''}"
+                               f"{lever.get('why') or ''}")
+                    for tip in lever.get("also") or []:
+                        typer.echo(f"          also: {tip}")
         if i.error:
             typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
             if i.error.get("engine_error"):
@@ -271,8 +289,10 @@ def download(
     job_id: Annotated[str, typer.Argument(help="job id")],
     path: Annotated[str, typer.Argument(help="artifact path in the run directory")]
     = "weights/best.pt",
-    dest: Annotated[Path | None, typer.Option("--dest", "-o",
-                                              help="file or folder (default: here)")] = None,
+    # A str, not a Path: Path("models/") drops the slash that says "a folder".
+    dest: Annotated[str | None, typer.Option(
+        "--dest", "-o", help="file, or folder (an existing one, or a path ending in '/', "
+                             "created if missing); default: here")] = None,
     list_: Annotated[bool, typer.Option("--list", "-l", help="list the artifacts")] = False,
 ) -> None:
     """Download an artifact (resumes an interrupted download; checks its sha256)."""

@@ -1,6 +1,8 @@
 """``libreyolo <command> key=value ...`` — LibreYOLO's command-line syntax.
 
-Commands: ``train``, ``val``, ``predict``, ``cfg``, ``checks``, ``info``, ``version``.
+Commands: ``train``, ``val``, ``predict``, ``profile``, ``cfg``, ``checks``, ``info``,
+``version``; ``libreyolo help [COMMAND]`` and ``COMMAND --help`` print their help
+(:mod:`libreyolo_core.cli_help`).
 ``--key value`` works like ``key=value``; ``train spec=job.json`` reads a job spec written
 by the service's worker.
 
@@ -191,6 +193,9 @@ def cmd_predict(keys: dict[str, Any]) -> int:
         else:
             found = ", ".join(f"{n} {s:.2f}" for n, s in zip(p.names, p.scores, strict=True)) or "nothing"
             print(f"{p.path}: {len(p)} detections: {found}")
+    if not as_json:
+        print(f"{len(preds)} image(s); no images were saved: predict prints the boxes "
+              "(json=true: one JSON line per image with boxes, scores, classes)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -264,6 +269,42 @@ HANDLERS: dict[str, Callable[[dict[str, Any]], int]] = {
 }
 
 
+def _help(argv: list[str]) -> int | None:
+    """Print the help that ``argv`` asks for and return 0 (2 for help on an unknown
+    command); None when it asks for none. Bare ``libreyolo``, ``libreyolo help``,
+    ``--help``/``-h``; ``libreyolo help COMMAND``, ``COMMAND help``, ``COMMAND --help``
+    (``profile``'s subcommands keep their own ``--help``)."""
+    from libreyolo_core.cli_help import COMMAND_HELP, HELP_WORDS, command_help, general_help
+
+    if argv and argv[0] == "detect":
+        argv = argv[1:]
+    if not argv or argv[0] in HELP_WORDS:
+        topic = argv[1] if len(argv) > 1 else None
+        if topic is None:
+            print(general_help())
+            return EXIT_OK
+        if topic not in COMMAND_HELP:
+            close = difflib.get_close_matches(topic, list(COMMAND_HELP), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            print(f"error: no command {topic!r}.{hint} Commands: {', '.join(COMMAND_HELP)}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        print(command_help(topic))
+        return EXIT_OK
+    command, rest = argv[0], argv[1:]
+    if command not in COMMAND_HELP:
+        return None
+    if command == "profile":
+        if not rest or rest[0] in HELP_WORDS:
+            print(command_help("profile"))
+            return EXIT_OK
+        return None
+    if rest[:1] == ["help"] or "--help" in rest or "-h" in rest:  # not `--name help`
+        print(command_help(command))
+        return EXIT_OK
+    return None
+
+
 def run(argv: Sequence[str]) -> int:
     """Run one command; returns the exit code (errors are printed, not raised)."""
     from libreyolo_core.config import ConfigError
@@ -271,6 +312,9 @@ def run(argv: Sequence[str]) -> int:
     from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.models.registry import ModelNameError
 
+    helped = _help(list(argv))
+    if helped is not None:
+        return helped
     try:
         if list(argv[:1]) == ["profile"]:  # POSIX flags, its own parser
             from libreyolo_core.profiler.cli import main as profile_main
@@ -321,7 +365,8 @@ def _exit_for(exc: Exception) -> int:
     if interrupted and int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
         return EXIT_SIGTERM
     if interrupted:
-        print(f"interrupted ({exc}): last.pt saved; resume with resume=path/to/last.pt", file=sys.stderr)
+        last = getattr(exc, "last_checkpoint", None) or "path/to/last.pt"
+        print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):

@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.send = lambda job_id, queue, priority: enqueue(celery, job_id, queue, priority)
     app.state.store = ArtifactStore(settings.artifact_root)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceCollector(app.state.sessions, celery))
+    registry.register(ServiceCollector(app.state.sessions, settings.worker_ttl_s))
     app.state.registry = registry
 
     install_problem_handlers(app)

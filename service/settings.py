@@ -57,6 +57,13 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(0.5, gt=0, description="runner: tail / cancel poll interval")
     grace_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL grace period on cancel")
     max_attempts: int = Field(3, ge=1, description="runs of one job (first + resumes)")
+    worker_heartbeat_s: float = Field(
+        10.0, gt=0, description="how often a worker writes its row in the workers table")
+    worker_ttl_s: float = Field(
+        35.0, gt=0, description="a worker whose last heartbeat is older than this is offline")
+    refuse_unserved: bool = Field(
+        False, description="submit answers 409 (instead of a warning) when no live worker "
+        "serves the job's queue")
     reaper_interval_s: float = Field(15.0, gt=0, description="reaper timer in the API process")
     reaper_enabled: bool = Field(True, description="run the reaper in the API process")
     resend_after_s: float = Field(
@@ -109,6 +116,9 @@ class Settings(BaseSettings):
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s={self.heartbeat_s} must be shorter than "
                              f"lease_s={self.lease_s} (the lease would lapse between beats)")
+        if self.worker_heartbeat_s >= self.worker_ttl_s:
+            raise ValueError(f"worker_heartbeat_s={self.worker_heartbeat_s} must be shorter than "
+                             f"worker_ttl_s={self.worker_ttl_s} (a live worker would look offline)")
         return self
 
     def ensure_dirs(self) -> None:

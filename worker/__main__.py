@@ -14,6 +14,7 @@ import socket
 import subprocess
 
 from service.settings import Settings
+from worker.heartbeat import queues_for
 
 
 def detect_gpus() -> list[str]:
@@ -28,13 +29,6 @@ def detect_gpus() -> list[str]:
         except (OSError, subprocess.SubprocessError):
             return []
     return []
-
-
-def queues_for(gpu_ids: list[str]) -> list[str]:
-    """Queues a worker with these GPUs serves (``cpu`` when it has none)."""
-    if not gpu_ids:
-        return ["cpu"]
-    return [f"gpu-{k}" for k in (1, 2, 4, 8) if k <= len(gpu_ids)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,8 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     settings.ensure_dirs()
     from worker.tasks import create_worker_app
 
-    app = create_worker_app(settings, gpu_ids)
     name = args.name or f"worker-{os.getpid()}@{socket.gethostname()}"
+    app = create_worker_app(settings, gpu_ids, name=name)
     app.worker_main([
         "worker", "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
         "-Q", ",".join(queues_for(gpu_ids)), "-n", name, "--loglevel", args.loglevel,

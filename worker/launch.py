@@ -1,9 +1,10 @@
 """The engine's command line, environment and ``job.json``.
 
 One process: ``python -m libreyolo_core.cli train spec=<job.json>``. N ranks:
-``python -m torch.distributed.run --standalone --nproc_per_node=N -m libreyolo_core.cli
-train spec=<job.json>`` (``--standalone`` picks a free rendezvous port, so two jobs on one
-host do not collide).
+``python -m libreyolo_core.distributed.torchrun --standalone --nproc_per_node=N -m
+libreyolo_core.cli train spec=<job.json>`` (torchrun, whose stop by SIGTERM ends with one
+line and exit 143 instead of a traceback; ``--standalone`` picks a free rendezvous port, so
+two jobs on one host do not collide).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def build_command(spec_path: Path, nproc: int, settings: Settings) -> list[str]:
                 for a in settings.engine_command]
     cmd = [settings.engine_python]
     if nproc > 1:
-        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd += ["-m", "libreyolo_core.distributed.torchrun", "--standalone",
+                f"--nproc_per_node={nproc}"]
     return cmd + ["-m", "libreyolo_core.cli", "train", f"spec={spec_path}"]
 
 

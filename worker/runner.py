@@ -2,12 +2,21 @@
 
 The database is the source of truth. :func:`run_job` claims the row atomically
 (``queued -> running``, ``attempt += 1``, a lease); a duplicate message finds it claimed
-and returns. The engine runs as a subprocess in its own session (process group) so a
-cancel reaches every rank and loader worker; this process never imports torch.
+and returns. The engine runs as a subprocess in its own session (process group); this
+process never imports torch.
+
+Stopping (cancel, worker shutdown, the wall-clock budget, a lost lease) is one sequence,
+in :func:`_watch`: SIGTERM to the engine's main process only (the engine, or torchrun's
+agent, which passes it on to its ranks); the ranks finish the step, save ``last.pt``, emit
+``run_end interrupted`` and exit 143. Loader workers are never signalled by the runner: the
+main process owns their shutdown. Whatever is still alive after ``grace_s`` (the main
+process, torchrun's ranks, which run in sessions of their own, their loader workers) is
+SIGKILLed as a tree, and the engine's process group with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -22,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -96,6 +106,24 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_tree(pid: int) -> int:
+    """SIGKILL ``pid``, every descendant (torchrun's ranks live in sessions of their own,
+    so their group is not the engine's) and the engine's process group. Returns how many
+    processes of the tree were signalled."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        procs = []
+    n = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+            n += 1
+    _signal_group(pid, signal.SIGKILL)
+    return n
 
 
 class _Tail:
@@ -208,10 +236,13 @@ class _Run:
 
     def _observe(self, name: str, ev: dict[str, Any]) -> None:
         if name in ("progress", "epoch_start"):
-            for k in ("epoch", "epochs", "step", "steps", "eta_s", "img_per_s", "losses"):
+            for k in ("phase", "epoch", "epochs", "step", "steps", "val_batch", "val_batches",
+                      "eta_s", "img_per_s", "losses"):
                 if k in ev:
                     self.progress[k] = ev[k]
         elif name == "epoch_end":
+            for k in ("phase", "val_batch", "val_batches"):  # the epoch's phases are over
+                self.progress.pop(k, None)
             for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
                 if k in ev:
                     self.progress[k] = ev[k]
@@ -283,6 +314,7 @@ class _Run:
             prof = {k: v for k, v in self.profile.items() if k not in ("event", "time")}
             result["verdict"] = prof.get("verdict")
             result["bound_why"] = prof.get("bound_why")
+            result["lever"] = prof.get("lever")
             result["profile"] = prof
         return result
 
@@ -389,10 +421,14 @@ def _watch(run: _Run, proc: subprocess.Popen, job: Job, stop: threading.Event | 
     killed = lost = False
 
     def terminate(reason: str) -> None:
+        # The documented stop: SIGTERM to the engine's main process (or torchrun's agent,
+        # which forwards it to the ranks) and never to the whole group, so loader workers
+        # are not killed under a rank that is still finishing its step.
         nonlocal term_at, term_reason
         if term_at is None:
-            log.info("job %s: SIGTERM to group %d (%s)", run.job_id, proc.pid, reason)
-            _signal_group(proc.pid, signal.SIGTERM)
+            log.info("job %s: SIGTERM to the engine (pid %d): %s", run.job_id, proc.pid, reason)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
             term_at, term_reason = time.monotonic(), reason
 
     while True:
@@ -418,8 +454,9 @@ def _watch(run: _Run, proc: subprocess.Popen, job: Job, stop: threading.Event | 
         if job.time_budget_s and now - started > job.time_budget_s:
             terminate("time budget")
         if term_at is not None and not killed and now - term_at > settings.grace_s and rc is None:
-            log.warning("job %s: grace period over; SIGKILL to group %d", run.job_id, proc.pid)
-            _signal_group(proc.pid, signal.SIGKILL)
+            log.warning("job %s: grace period (%g s) over; SIGKILL to the engine's process tree",
+                        run.job_id, settings.grace_s)
+            _kill_tree(proc.pid)
             killed = True
         if rc is not None:
             break

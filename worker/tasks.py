@@ -7,16 +7,19 @@ worker process, prefetch 1, early ack (recovery is the lease's job, not redelive
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Sequence
 
 from celery import Celery, bootsteps
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from service.db.session import make_engine, make_session_factory
 from service.queue import TASK_NAME, create_celery, enqueue
 from service.settings import Settings
 from worker import runner
+from worker.heartbeat import Heartbeat, queues_for
 
 __all__ = ["create_worker_app", "poll_interval_step"]
 
@@ -42,12 +45,17 @@ def poll_interval_step(interval_s: float) -> type[bootsteps.StartStopStep]:
     return PollInterval
 
 
-def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None) -> Celery:
+def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
+                      name: str | None = None) -> Celery:
     """The Celery app with ``run_job(job_id)`` registered.
+
+    Once the worker is ready it writes its ``workers`` row (what queues it serves) and
+    renews it every ``worker_heartbeat_s``; the row is deleted at shutdown.
 
     Args:
         settings: service settings (database, broker, lease...).
         gpu_ids: GPUs this worker owns; None or empty for a CPU worker.
+        name: the worker's name in the ``workers`` table (default ``worker-<pid>@<host>``).
     """
     app = create_celery(settings)
     sessions = make_session_factory(make_engine(settings.database_url))
@@ -65,7 +73,20 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None) 
     def on_shutdown(**_: object) -> None:
         stop.set()
 
+    gpu_list = list(gpu_ids or [])
+    heartbeat = Heartbeat(sessions, name or f"worker-{os.getpid()}@{socket.gethostname()}",
+                          queues_for(gpu_list), len(gpu_list), settings.worker_heartbeat_s)
+
+    def on_ready(**_: object) -> None:
+        heartbeat.start()
+
+    def on_worker_shutdown(**_: object) -> None:
+        heartbeat.stop()
+
     worker_shutting_down.connect(on_shutdown, weak=False)
+    worker_ready.connect(on_ready, weak=False)
+    worker_shutdown.connect(on_worker_shutdown, weak=False)
     app.steps["consumer"].add(poll_interval_step(settings.broker_poll_s))
     app.libreyolo_stop = stop  # type: ignore[attr-defined]
+    app.libreyolo_heartbeat = heartbeat  # type: ignore[attr-defined]
     return app

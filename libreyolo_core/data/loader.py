@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,15 @@ def seed_worker(worker_id: int, seed: int = 0, rank: int = 0) -> None:
     makes any other randomness in a worker reproducible and distinct per worker and rank.
     (OpenCV's thread count is deliberately NOT changed here: ``cv2.setNumThreads`` in a
     forked child whose parent already ran a parallel cv2 op can deadlock.)
+
+    A worker ignores SIGTERM: the process that owns the loader owns its shutdown. A
+    SIGTERM sent to the whole process group (a supervisor, ``kill -- -PGID``, torchrun
+    stopping a rank's session) would otherwise kill the worker under a rank that is
+    still finishing its step to save ``last.pt``, and the loader would raise "DataLoader
+    worker is killed by signal: Terminated". Workers still end with their loader, and
+    exit by themselves when the main process dies (torch's parent watchdog).
     """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
     torch.manual_seed(int(state[0]) << 32 | int(state[1]))
     np.random.seed(int(state[0]))

@@ -71,10 +71,22 @@ CALLBACK_EVENTS = ("on_train_start", "on_epoch_end", "on_train_end")
 
 #: Consecutive non-finite losses that stop a run.
 MAX_NONFINITE_STREAK = 10
+#: Wall-clock seconds between progress events (and log lines) at most, whatever
+#: ``log_interval`` says: long steps, a small dataset or validation never go quiet.
+PROGRESS_EVERY_S = 2.0
 
 
 class TrainingInterrupted(RuntimeError):
-    """SIGTERM (or a callback's stop request) ended the run after saving ``last.pt``."""
+    """SIGTERM (or a callback's stop request) ended the run after saving ``last.pt``.
+
+    Attributes:
+        last_checkpoint: the ``last.pt`` written (None when not known, e.g. on a rank
+            other than 0).
+    """
+
+    def __init__(self, reason: str, last_checkpoint: str | os.PathLike[str] | None = None):
+        super().__init__(reason)
+        self.last_checkpoint = None if last_checkpoint is None else str(last_checkpoint)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -390,7 +402,10 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
         }
 
-    def _save(self, epoch: int, is_best: bool) -> None:
+    def _save(self, epoch: int, is_best: bool, periodic: bool = True) -> None:
+        """``last.pt`` (+ ``best.pt`` when best); ``epoch_N.pt`` every ``save_period``
+        completed epochs unless ``periodic`` is False (an interrupt's save, whose ``epoch``
+        is the last completed one, -1 when none was)."""
         if not self.dist.is_main:
             return
         state = self._state(epoch)
@@ -401,7 +416,7 @@ class Trainer:
             shutil.copyfile(last, weights / ".best.pt.tmp")
             os.replace(weights / ".best.pt.tmp", weights / "best.pt")
             self.events.emit("artifact", path="weights/best.pt", kind="checkpoint")
-        if self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
+        if periodic and self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
 
     def _write_results(self) -> None:
@@ -464,8 +479,8 @@ class Trainer:
             if self._stopping():
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
-                self._save(epoch - 1, is_best=False)
-                raise TrainingInterrupted(self.stop_reason)
+                self._save(epoch - 1, is_best=False, periodic=False)
+                raise TrainingInterrupted(self.stop_reason, self.run_dir / "weights" / "last.pt")
             epoch_time = time.perf_counter() - t0
             if cfg.profile_then_stop:  # a profile-only run writes no checkpoint or results
                 continue
@@ -502,7 +517,7 @@ class Trainer:
             if self.dist.enabled:
                 early = self._share_epoch_outcome(early)
             if self._stopping():
-                raise TrainingInterrupted(self.stop_reason)
+                raise TrainingInterrupted(self.stop_reason, self.run_dir / "weights" / "last.pt")
             if early:
                 log.info("early stop: no better fitness for %d validated epochs (best epoch %d)",
                          since_best, self.best_epoch)
@@ -527,8 +542,9 @@ class Trainer:
         self.train_set.close_mosaic()
         hook = getattr(self.family, "on_mosaic_disable", None)
         changed = hook(self.model, self.loss_fn) if hook is not None else False
-        log.info("epoch %d: mosaic and mixup off for the last %d epochs", epoch + 1,
-                 self.cfg.epochs - epoch)
+        left = self.cfg.epochs - epoch
+        log.info("epoch %d: mosaic and mixup off for the last %s", epoch + 1,
+                 "epoch" if left == 1 else f"{left} epochs")
         if changed:
             self.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
             if getattr(self, "cuda_graph", None) is not None:
@@ -553,6 +569,7 @@ class Trainer:
         by_batch = self.spec.scale_loss_by_batch
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
+        last_report = t_start
         for i, batch in enumerate(batches):
             step = epoch * self.steps_per_epoch + i // self.accumulate
             window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
@@ -612,17 +629,22 @@ class Trainer:
                 prof = None
                 if self.stop_requested:
                     break
-            if progress is not None or (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
-                elapsed = time.perf_counter() - t_start
+            now = time.perf_counter()
+            report = ((i + 1) % cfg.log_interval == 0 or i + 1 == nb
+                      or now - last_report >= PROGRESS_EVERY_S)
+            if progress is not None or report:
+                elapsed = now - t_start
                 ips = images_seen / max(elapsed, 1e-9)
                 mean = self._mean_losses(sums, counted)
                 eta = (nb - i - 1) * elapsed / (i + 1) + (cfg.epochs - epoch - 1) * elapsed / (i + 1) * nb
                 if progress is not None:
                     progress.set_postfix({**{k: f"{v:.3f}" for k, v in mean.items()}, "img/s": f"{ips:.1f}"})
                     progress.update(1)
-                if (i + 1) % cfg.log_interval == 0 or i + 1 == nb:
-                    self.events.emit("progress", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1,
-                                     steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean)
+                if report:
+                    last_report = now
+                    self.events.emit("progress", phase="training", epoch=epoch + 1,
+                                     epochs=cfg.epochs, step=i + 1, steps=nb, eta_s=round(eta, 1),
+                                     img_per_s=round(ips, 2), losses=mean)
                     if progress is None and self.dist.is_main:
                         print(f"epoch {epoch + 1}/{cfg.epochs} step {i + 1}/{nb} "
                               + " ".join(f"{k}={v:.4f}" for k, v in mean.items())
@@ -686,7 +708,27 @@ class Trainer:
     def _validate(self) -> dict[str, float]:
         net = self.ema.module if self.ema is not None else unwrap(self.model)
         return validate(net, self.family, self.val_loader, self.device, self.nc, conf=self.cfg.conf,
-                        iou=self.cfg.iou, max_det=self.cfg.max_det, amp=self.amp)
+                        iou=self.cfg.iou, max_det=self.cfg.max_det, amp=self.amp,
+                        on_batch=self._validation_progress())
+
+    def _validation_progress(self):
+        """``on_batch(k, n)`` for :func:`validate`: a ``progress`` event with ``phase:
+        "validating"``, ``val_batch`` and ``val_batches`` (and a log line) at the first and
+        last batch and at most every :data:`PROGRESS_EVERY_S` seconds between."""
+        last = [0.0]
+        epoch, epochs = self.epoch + 1, self.cfg.epochs
+
+        def on_batch(k: int, n: int) -> None:
+            now = time.perf_counter()
+            if k not in (1, n) and now - last[0] < PROGRESS_EVERY_S:
+                return
+            last[0] = now
+            self.events.emit("progress", phase="validating", epoch=epoch, epochs=epochs,
+                             val_batch=k, val_batches=n)
+            if self.dist.is_main:
+                print(f"epoch {epoch}/{epochs} validating {k}/{n}", flush=True)
+
+        return on_batch
 
     # -- output ---------------------------------------------------------------------------
     def _progress(self, epoch: int, total: int):

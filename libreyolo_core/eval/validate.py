@@ -3,6 +3,7 @@ images, then COCO metrics (:mod:`libreyolo_core.eval.coco`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ def validate(
     iou: float = 0.7,
     max_det: int = 300,
     amp=None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``net`` on every batch of ``loader`` (no augmentation).
 
@@ -36,6 +38,8 @@ def validate(
         nc: number of classes.
         conf, iou, max_det: score threshold, NMS IoU, detections kept per image.
         amp: an ``AmpPolicy`` whose autocast wraps the forward pass (optional).
+        on_batch: called as ``on_batch(k, n)`` after batch ``k`` of ``n`` (1-based), for
+            progress reports.
 
     Returns:
         ``coco_metrics`` output: ``mAP50-95``, ``mAP50``, ``precision``, ``recall``,
@@ -44,7 +48,8 @@ def validate(
     net.eval()
     detections: list[ImageDetections] = []
     targets: list[ImageTargets] = []
-    for batch in loader:
+    n = len(loader)
+    for k, batch in enumerate(loader, 1):
         imgs = family.preprocess(batch.images.to(device, non_blocking=True))
         if amp is not None:
             with amp.autocast():
@@ -61,4 +66,6 @@ def validate(
             rows = tgt[tgt[:, 0] == j]
             gt = scale_boxes(rows[:, 2:6].clone().float(), meta["ratio"], meta["pad"], (h0, w0))
             targets.append(ImageTargets(gt, rows[:, 1].long(), int(w0), int(h0)))
+        if on_batch is not None:
+            on_batch(k, n)
     return coco_metrics(detections, targets, nc, max_det=min(max_det, 100))

@@ -158,6 +158,7 @@ def build_profile(
         "bound": bound,
         "bound_why": why,
         "levers": V.LEVERS[bound],
+        "lever": V.lever(bound, {**meta, "device": device_type}),
         "step_ms": step_ms,
         "img_per_s": real["img_per_s"],
         "dataload_ms": real["dataload_ms"],

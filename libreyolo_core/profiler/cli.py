@@ -133,6 +133,7 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
             f"trial {i + 1}: {b}" for i, b in enumerate(bounds)
         )
         out["levers"] = V.LEVERS[V.MIXED]
+        out["lever"] = V.lever(V.MIXED, profiles[-1].get("config") or {})
     else:
         out["bound_why"] = (
             f"all {len(bounds)} trials agree; last trial: {profiles[-1].get('bound_why')}"

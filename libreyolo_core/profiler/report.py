@@ -72,7 +72,13 @@ def format_summary(p: Mapping[str, Any]) -> str:
             f"{_f(p.get('cuda_mallocs_per_step'), 1)}"
         )
     lines.append(f"verdict: {p.get('bound')} — {p.get('bound_why')}")
-    if p.get("levers"):
+    lv = p.get("lever") or {}
+    if lv.get("params"):
+        lines.append("lever: try " + " ".join(f"{k}={v}" for k, v in lv["params"].items())
+                     + f" ({lv.get('why')})")
+    elif lv.get("why"):
+        lines.append(f"lever: {lv['why']}" + (f"; {'; '.join(lv['also'])}" if lv.get("also") else ""))
+    elif p.get("levers"):
         lines.append(f"lever: {p['levers']}")
     cats = p.get("categories") or []
     if cats:

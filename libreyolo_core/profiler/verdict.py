@@ -34,6 +34,7 @@ __all__ = [
     "MIXED",
     "decide",
     "combine",
+    "lever",
 ]
 
 #: Data-wait share of the unsynced step at or above which the run is loader-bound.
@@ -60,6 +61,68 @@ LEVERS: dict[str, str] = {
     HOST: "larger micro-batch, fewer per-step syncs (.item()), cuda_graph=True, op fusion",
     MIXED: "repeat trials produced mixed bottleneck verdicts: profile again with more steps",
 }
+
+
+def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None) -> dict[str, Any]:
+    """The lever of a verdict as data: the training keys to change and the values to try.
+
+    Args:
+        bound: one of :data:`VERDICTS` or :data:`MIXED`.
+        config: the profiled run's settings (``batch``, ``workers``, ``amp``, ``cuda_graph``,
+            ``device``, ``model``); missing ones take TrainConfig's defaults.
+        cpu_count: CPU cores of the host (default ``os.cpu_count()``), the ceiling for
+            ``workers``.
+
+    Returns:
+        ``{"verdict", "params": {training key: value to try}, "why": sentence, "also":
+        [advice that is not a training key]}``. ``params`` is empty when no key helps
+        (a CPU compute-bound run, mixed trials): ``also`` says what does. The values are
+        the next thing to try, not a promise: profile again after changing them.
+    """
+    import os
+
+    batch = int(config.get("batch") or 16)
+    workers = int(config.get("workers") if config.get("workers") is not None else 4)
+    cores = cpu_count or os.cpu_count() or 1
+    cpu = str(config.get("device", "cpu")).startswith("cpu")
+    params: dict[str, Any] = {}
+    also: list[str] = []
+    if bound == MEMORY:
+        params["batch"] = max(1, batch // 2)
+        why = "the allocator thrashes: halve the batch to leave memory headroom"
+        also.append("a smaller imgsz also lowers activation memory")
+    elif bound == DATALOADER:
+        more = min(max(2 * workers, workers + 2), max(cores, 1))
+        if more > workers:
+            params["workers"] = more
+        params["cache"] = "ram"
+        why = ("the step waits for data: "
+               + (f"more loader workers ({workers} -> {more}, the host has {cores} cores) and "
+                  if more > workers else f"the {cores} cores are all loading already; ")
+               + "cached decoded images")
+        also.append("lighter augmentation (mosaic, mixup) costs less per image")
+    elif bound == COMPUTE:
+        if cpu:
+            why = "the CPU is busy computing: no training key makes it faster"
+            also += ["train on a GPU (gpus=1)", "a smaller model or imgsz"]
+        elif not config.get("amp", True):
+            params["amp"] = True
+            why = "the device is saturated in fp32: AMP puts gemm/conv on Tensor Cores"
+        else:
+            why = "the device is saturated with AMP on: this run is as fast as this model gets here"
+            also += ["a smaller model or imgsz", "more GPUs"]
+    elif bound == HOST:
+        params["batch"] = batch * 2
+        if not cpu and not config.get("cuda_graph"):
+            params["cuda_graph"] = True
+        why = ("the device idles between kernels: a larger micro-batch gives each launch more "
+               "work" + (", a CUDA graph replays the step in one launch"
+                         if "cuda_graph" in params else ""))
+        also.append("fewer per-step host syncs (.item()) in custom callbacks")
+    else:  # MIXED or unknown
+        why = "repeat trials disagreed: profile again with more steps before changing anything"
+        also.append("libreyolo profile run DATA --steps 40 --repeat 3")
+    return {"verdict": bound, "params": params, "why": why, "also": also}
 
 
 def _pct(x: float) -> str:

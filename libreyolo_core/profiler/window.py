@@ -387,6 +387,7 @@ class TrainingProfiler:
         self._summary = {
             "verdict": profile["bound"],
             "bound_why": profile["bound_why"],
+            "lever": profile.get("lever"),
             **headline,
             "window": profile["window"],
             "artifacts": artifacts,

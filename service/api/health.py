@@ -53,6 +53,6 @@ def readyz(request: Request) -> JSONResponse:
 @router.get("/metrics", operation_id="health-metrics",
             responses={200: {"content": {"text/plain": {}}}})
 def metrics(request: Request) -> Response:
-    """Prometheus metrics: ``libreyolo_jobs{status}``, ``libreyolo_queue_depth{queue}``,
-    ``libreyolo_job_duration_seconds`` (histogram of finished jobs) and HTTP counters."""
+    """Prometheus metrics: ``libreyolo_jobs{status}``, ``libreyolo_queue_depth{queue}``
+    (jobs queued), ``libreyolo_workers{queue}`` (live workers), ``libreyolo_job_duration_seconds`` (histogram of finished jobs) and HTTP counters."""
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

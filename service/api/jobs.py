@@ -38,6 +38,7 @@ from service.api.schemas import (
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
 from service.queue import enqueue, queue_for
+from service.workers import live_queues, unserved_warning, waiting_reason
 
 __all__ = ["router", "job_public"]
 
@@ -55,13 +56,16 @@ TIMELINE_CSP = (
 _NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
-def job_public(job: Job) -> JobPublic:
-    """Public view of a job row."""
+def job_public(job: Job, live: dict[str, int] | None = None) -> JobPublic:
+    """Public view of a job row; with ``live`` (:func:`service.workers.live_queues`) a
+    queued job no live worker serves gets its ``waiting`` reason."""
     duration = None
     if job.started_at and job.finished_at:
         duration = (job.finished_at - job.started_at).total_seconds()
     out = JobPublic.model_validate(job)
     out.duration_s = duration
+    if live is not None:
+        out.waiting = waiting_reason(job.status, job.queue, live)
     return out
 
 
@@ -202,7 +206,8 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
     "", status_code=201, response_model=JobPublic, operation_id="jobs-submit",
     responses={200: {"description": "Idempotency-Key replay: the existing job"},
                **error_responses({
-                   409: "Idempotency-Key reused with a different request",
+                   409: "Idempotency-Key reused with a different request, or (setting "
+                        "refuse_unserved) no live worker serves the job's queue",
                    422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
                         "an unknown model or params key, a data path that does not exist "
                         "or a dataset id that is not yours, a batch that does not divide by "
@@ -226,6 +231,10 @@ def submit_job(
     With an ``Idempotency-Key`` header a retried submit returns the existing job (200); the
     same key with a different body is a 409.
 
+    When no live worker serves the job's queue (``gpus: 1`` on a service with only a CPU
+    worker), the job is queued with a ``warnings`` entry saying so, or, with the setting
+    ``refuse_unserved``, refused with a 409 and nothing is queued.
+
     Returns:
         The job (201), status ``queued``.
     """
@@ -248,6 +257,13 @@ def submit_job(
     data = _resolve_data(session, user, body.data, settings.check_data_paths)
     if family is None:
         model = resolve_config({"model": body.model}).model
+    live = live_queues(session, settings.worker_ttl_s)
+    warnings = []
+    if not live.get(queue_for(gpus)):
+        warning = unserved_warning(queue_for(gpus), gpus, live)
+        if settings.refuse_unserved:
+            raise Problem(409, warning, field="gpus", queue=queue_for(gpus))
+        warnings.append(warning)
     now = utcnow()
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
               gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,
@@ -276,7 +292,9 @@ def submit_job(
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(job)
+    out = job_public(job, live)
+    out.warnings = warnings
+    return out
 
 
 def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: str) -> Job | None:
@@ -290,7 +308,7 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
 @router.get("", response_model=JobsPage, operation_id="jobs-list", responses=error_responses({
     422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
 def list_jobs(
-    user: CurrentUser, session: SessionDep,
+    user: CurrentUser, session: SessionDep, settings: SettingsDep,
     status: Annotated[list[JobStatus] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
@@ -326,13 +344,15 @@ def list_jobs(
     if len(rows) > limit:
         rows = rows[:limit]
         next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
-    return JobsPage(data=[job_public(j) for j in rows], next_cursor=next_cursor)
+    live = live_queues(session, settings.worker_ttl_s)
+    return JobsPage(data=[job_public(j, live) for j in rows], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
-def get_job(job: OwnedJob) -> JobPublic:
-    """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail."""
-    return job_public(job)
+def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
+    """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
+    ``waiting`` says why a queued job cannot start (no live worker serves its queue)."""
+    return job_public(job, live_queues(session, settings.worker_ttl_s))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,

@@ -71,6 +71,12 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     duration_s: float | None = Field(None, description="finished_at - started_at, seconds")
+    waiting: str | None = Field(
+        None, description="why a queued job cannot start, e.g. 'waiting for a gpu-1 worker "
+        "(none online)'; null when a live worker serves its queue")
+    warnings: list[str] = Field(
+        default_factory=list, description="submit only: what may keep the job from running "
+        "(no live worker serves its queue)")
 
 
 class JobsPage(BaseModel):

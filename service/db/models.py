@@ -1,4 +1,4 @@
-"""Tables: users, tokens, jobs, job_events, artifacts, datasets.
+"""Tables: users, tokens, jobs, job_events, artifacts, datasets, workers.
 
 Times are UTC-aware datetimes (``*_at``); event times are unix seconds as the engine
 writes them. Tokens are stored as the sha256 hex of the token, never the token.
@@ -157,3 +157,21 @@ class Dataset(Base):
     status: Mapped[str] = mapped_column(String(16), default="ready")
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerRow(Base):
+    """A live worker process: what it serves, written by its heartbeat thread.
+
+    ``queues`` is the list of queue names it consumes (``cpu`` or ``gpu-1``, ``gpu-2``...);
+    ``last_seen_at`` is renewed every ``worker_heartbeat_s``; a row older than
+    ``worker_ttl_s`` is an offline worker (the row of a clean shutdown is deleted).
+    """
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

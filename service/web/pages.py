@@ -37,6 +37,7 @@ from service.api.problems import Problem
 from service.db.models import TERMINAL, Artifact, Dataset, Job, User
 from service.ops import user_for_token
 from service.storage import artifact_kind
+from service.workers import live_queues, waiting_reason
 
 __all__ = ["router", "PAGE_CSP"]
 
@@ -211,21 +212,26 @@ def _base_context(request: Request, user: User | None, nav: str) -> dict[str, An
 # ---------------------------------------------------------------- view models
 
 
-def _progress(job: Job) -> tuple[float, str]:
-    """(percent 0-100, text) of a job from its latest progress."""
+def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]:
+    """(percent 0-100, text) of a job from its latest progress; a queued job that no live
+    worker (``live``, :func:`service.workers.live_queues`) serves says so."""
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
     if job.status == "succeeded":
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
+    if job.status == "queued":
+        return 0.0, (waiting_reason(job.status, job.queue, live) if live is not None
+                     else None) or "waiting"
     if not epochs or not epoch:
-        if job.status == "queued":
-            return 0.0, "waiting"
         return 0.0, "—" if job.status in TERMINAL else "starting"
     steps, step = p.get("steps") or 0, p.get("step") or 0
     frac = (epoch - 1 + (step / steps if steps else 0.0)) / epochs
     text = f"epoch {epoch}/{epochs}"
-    if steps and job.status not in TERMINAL:
-        text += f" · step {step}/{steps}"
+    if job.status not in TERMINAL:
+        if p.get("phase") == "validating" and p.get("val_batches"):
+            text += f" · validating {p.get('val_batch', 0)}/{p['val_batches']}"
+        elif steps:
+            text += f" · step {step}/{steps}"
     return max(0.0, min(100.0, 100.0 * frac)), text
 
 
@@ -243,8 +249,9 @@ def _dataset_label(data: str, names: dict[str, str]) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else data
 
 
-def _job_row(job: Job, names: dict[str, str], now: datetime) -> dict[str, Any]:
-    pct, text = _progress(job)
+def _job_row(job: Job, names: dict[str, str], now: datetime,
+             live: dict[str, int] | None = None) -> dict[str, Any]:
+    pct, text = _progress(job, live)
     started, finished = _aware(job.started_at), _aware(job.finished_at)
     if started and finished:
         duration = fmt_duration((finished - started).total_seconds())
@@ -276,7 +283,7 @@ def _list_jobs(session: SessionDep, user: User, status: str | None, kind: str | 
 
 
 def _rows_context(session: SessionDep, user: User, status: str | None, kind: str | None,
-                  before: str | None) -> dict[str, Any]:
+                  before: str | None, worker_ttl_s: float) -> dict[str, Any]:
     jobs, older = _list_jobs(session, user, status, kind, before)
     names = _dataset_names(session, user)
     now = datetime.now(UTC)
@@ -307,6 +314,15 @@ def _artifacts(request: Request, session: SessionDep, job: Job) -> list[dict[str
              "url": url + rel} for rel, p in store.list_files(job.id)]
 
 
+def _lever_text(lever: dict[str, Any] | None) -> str | None:
+    """``try workers=8 cache=ram: <why>; <also>`` from a result's structured lever."""
+    if not lever:
+        return None
+    params = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
+    text = (f"try {params}: " if params else "") + str(lever.get("why") or "")
+    return "; ".join([text, *(lever.get("also") or [])])
+
+
 def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                      ) -> dict[str, Any]:
     now = datetime.now(UTC)
@@ -320,12 +336,14 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                    if isinstance(profile.get(key), int | float)]
         timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
         verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
-                   "lever": LEVERS.get(str(result["verdict"])), "figures": figures,
+                   "lever": _lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
+                   "figures": figures,
                    "timeline_url": timeline["url"] if timeline else None}
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
     error = job.error or None
-    return {"job": job, "row": _job_row(job, names, now), "artifacts": artifacts,
+    live = live_queues(session, request.app.state.settings.worker_ttl_s)
+    return {"job": job, "row": _job_row(job, names, now, live), "artifacts": artifacts,
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in ("queued",
                                                                                "running"),
@@ -400,7 +418,7 @@ def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
         stmt = stmt.where(Dataset.owner_id == user.id)
     datasets = list(session.scalars(stmt))
     ctx = _rows_context(session, user, status if status in STATUSES else None,
-                        kind if kind in KINDS else None, before)
+                        kind if kind in KINDS else None, before, settings.worker_ttl_s)
     return _render(request, "jobs.html", {
         **_base_context(request, user, "jobs"), **ctx, "statuses": STATUSES, "kinds": KINDS,
         "models": list_models(), "datasets": datasets, "gpu_choices": GPU_CHOICES,
@@ -418,7 +436,7 @@ def jobs_rows(request: Request, session: SessionDep, settings: SettingsDep,
     """
     user = current_user(request, session, settings, request.headers.get("authorization"))
     ctx = _rows_context(session, user, status if status in STATUSES else None,
-                        kind if kind in KINDS else None, None)
+                        kind if kind in KINDS else None, None, settings.worker_ttl_s)
     return _render(request, "_job_rows.html", ctx)
 
 

@@ -126,6 +126,10 @@ def test_submit_from_the_form_then_watch_log_and_curves(web, stack, shot, data_y
     expect(result).to_contain_text("Best epoch")
     expect(result).to_contain_text("0.4000")  # mAP50 of epoch 4
     expect(page.locator("#log")).to_contain_text("done")
+    expect(page.locator("#log")).to_contain_text("run ended: succeeded")
+    log = page.locator("#log").inner_text()
+    # the engine's last lines come before the 'run ended' line, which comes before the job's
+    assert log.index("done") < log.index("run ended") < log.index("job succeeded"), log
     assert page.locator("#map-chart circle").count() == 8
     artifacts = page.locator("table.artifacts")
     expect(artifacts).to_contain_text("weights/last.pt")
@@ -244,6 +248,10 @@ def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):
         "profile_steps": 3})
     stack.run(job["id"], real=True).join(120)
     assert _status(stack, token, job["id"]) == "succeeded"
+    with client(stack.url, token) as c:
+        result = c.get(f"/v1/jobs/{job['id']}").json()["result"]
+    lever = result["lever"]  # the lever as data, next to the verdict
+    assert lever["verdict"] == result["verdict"] and lever["why"] and "params" in lever
 
     page = web.page(token)
     page.goto(f"/jobs/{job['id']}")
@@ -251,6 +259,7 @@ def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):
     expect(card).to_contain_text("Bottleneck:")
     expect(card).to_contain_text("Why:")
     expect(card).to_contain_text("Lever to pull:")
+    expect(card).to_contain_text(lever["why"])
     expect(card).to_contain_text("step time")
     expect(page.locator("table.artifacts")).to_contain_text("profile.json")
     shot(page, "job-profile")

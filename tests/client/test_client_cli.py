@@ -56,6 +56,11 @@ def test_submit_follow_show_list_logs_download_open(cli, stack, data_yaml, tmp_p
     r = cli("download", job_id, "weights/last.pt", "-o", str(tmp_path))
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "last.pt").read_text())["epoch"] == 2
+    # a trailing slash means a folder: created when missing, the file inside it
+    r = cli("download", job_id, "weights/last.pt", "-o", f"{tmp_path / 'models'}/")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "models").is_dir() and (tmp_path / "models" / "last.pt").is_file()
+    assert r.stdout.strip() == str(tmp_path / "models" / "last.pt")
     opened = []
     monkeypatch.setattr("webbrowser.open", opened.append)
     monkeypatch.delenv("LIBREYOLO_NO_BROWSER", raising=False)

@@ -68,3 +68,43 @@ def test_resume_true_without_an_earlier_run_is_a_checkpoint_error(tmp_path, caps
     assert run(["train", "resume=True", f"project={tmp_path}"]) == 4
     err = capsys.readouterr().err
     assert "no weights/last.pt under" in err and "resume=path/to/last.pt" in err
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["-h"], ["help"]])
+def test_tool_help_lists_every_command_and_exits_0(args, capsys):
+    from libreyolo_core.cli_help import COMMAND_HELP
+
+    assert run(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: libreyolo COMMAND key=value")
+    for command, h in COMMAND_HELP.items():
+        assert f"  {command}" in out and h.summary in out
+    assert "libreyolo train model=yolo9-t data=" in out  # an example to copy
+
+
+@pytest.mark.parametrize("command", ["train", "val", "predict", "profile", "cfg", "checks",
+                                     "info", "version"])
+@pytest.mark.parametrize("form", ["--help", "help", "-h", "help-first"])
+def test_every_command_has_help(command, form, capsys):
+    from libreyolo_core.cli_help import COMMAND_HELP
+
+    args = ["help", command] if form == "help-first" else [command, form]
+    assert run(args) == 0
+    out = capsys.readouterr().out
+    h = COMMAND_HELP[command]
+    assert out.splitlines()[0].startswith(f"usage: libreyolo {command}")
+    assert h.summary in out and "examples:" in out
+    assert all(k in out for k, _ in h.keys)
+
+
+def test_train_help_shows_the_schema_defaults_and_ignores_help_as_a_value(capsys):
+    assert run(["train", "epochs=3", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs    training epochs (default 300)" in out and "`libreyolo cfg`" in out
+    assert run(["help", "trian"]) == 2
+    assert "Did you mean 'train'" in capsys.readouterr().err
+
+
+def test_help_through_the_console_script():
+    out = libreyolo("predict", "--help")
+    assert out.returncode == 0 and "no images are saved" in out.stdout

@@ -104,3 +104,26 @@ def test_sigterm_saves_last_and_exits_143_then_resumes(sample_yaml, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = _rows(tmp_path / "exp")
     assert [int(r["epoch"]) for r in rows] == list(range(1, done + 2))
+
+
+@pytest.mark.slow
+def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_yaml, tmp_path,
+                                                                        monkeypatch, capsys, caplog):
+    """A log_interval longer than the epoch no longer means silence: progress comes at least
+    every PROGRESS_EVERY_S (0 here: every step), and validation reports 'validating k/n'."""
+    from libreyolo_core.engine import trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level("INFO", logger="libreyolo_core.engine.trainer")
+    LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=1, project=tmp_path, log_interval=1000,
+                               **{**FAST, "imgsz": 64, "batch": 4})
+    events = read_events(tmp_path / "exp" / "events.jsonl")
+    training = [e for e in events if e["event"] == "progress" and e["phase"] == "training"]
+    assert [e["step"] for e in training] == [1, 2, 3, 4]  # 16 images / batch 4, every step
+    validating = [e for e in events if e["event"] == "progress" and e["phase"] == "validating"]
+    assert [(e["val_batch"], e["val_batches"]) for e in validating] == [(1, 2), (2, 2)]
+    assert all(e["epoch"] == 1 and e["epochs"] == 1 for e in validating)
+    kinds = [e["event"] for e in events]
+    assert kinds.index("epoch_end") > max(i for i, e in enumerate(events) if e.get("phase") == "validating")
+    assert "epoch 1/1 validating 2/2" in capsys.readouterr().out
+    assert "mosaic and mixup off for the last epoch" in caplog.text  # not "last 1 epochs"

@@ -24,6 +24,8 @@ def test_real_run_writes_the_artifacts(profiled_run):
     p = json.loads((profiled_run / "profile.json").read_text())
     assert p["schema"] == "libreyolo.profile/v1" and p["bound"] in ("dataloader", "compute")
     assert p["bound_why"] and p["device_type"] == "cpu" and p["gpu_util"] is None
+    assert p["lever"]["verdict"] == p["bound"] and p["lever"]["why"]  # structured lever
+    assert isinstance(p["lever"]["params"], dict) and isinstance(p["lever"]["also"], list)
     assert p["window"]["warmup"] == 2 and p["window"]["real_steps"] == 2
     assert p["config"]["model"] == "YOLOv9-t" and p["config"]["batch"] == 4
     assert p["ops"] and p["categories"] and p["ops_by_phase"]["forward"]
@@ -35,6 +37,7 @@ def test_real_run_writes_the_artifacts(profiled_run):
     trace = json.loads((profiled_run / "profile_trace.json").read_text())
     assert any(e.get("name", "").startswith("step/forward") for e in trace["traceEvents"])
     events = read_events(profiled_run / "events.jsonl")
+    assert [e["lever"] for e in events if e["event"] == "profile"] == [p["lever"]]
     artifacts = {e["path"]: e["kind"] for e in events if e["event"] == "artifact"}
     assert {k: artifacts[k] for k in ARTIFACTS} == {
         "timeline.html": "timeline",

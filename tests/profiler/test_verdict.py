@@ -94,3 +94,23 @@ def test_gpu_without_trace_uses_the_two_way_rule():
 def test_combine():
     assert V.combine(["compute", "compute"]) == "compute"
     assert V.combine(["compute", "dataloader"]) == "mixed"
+
+
+def test_lever_is_the_keys_to_try_with_values():
+    from libreyolo_core.config import TrainConfig
+    from libreyolo_core.profiler.verdict import lever
+
+    run = {"batch": 16, "workers": 2, "amp": True, "cuda_graph": False, "device": "cuda"}
+    assert lever(V.DATALOADER, run, cpu_count=16)["params"] == {"workers": 4, "cache": "ram"}
+    busy = lever(V.DATALOADER, {**run, "workers": 16}, cpu_count=16)
+    assert busy["params"] == {"cache": "ram"} and "16 cores" in busy["why"]
+    assert lever(V.MEMORY, run)["params"] == {"batch": 8}
+    assert lever(V.HOST, run)["params"] == {"batch": 32, "cuda_graph": True}
+    assert lever(V.COMPUTE, {**run, "amp": False})["params"] == {"amp": True}
+    cpu = lever(V.COMPUTE, {**run, "device": "cpu"})
+    assert cpu["params"] == {} and "train on a GPU (gpus=1)" in cpu["also"]
+    assert lever(V.MIXED, run)["params"] == {}
+    for bound in (*V.VERDICTS, V.MIXED):  # every suggestion is a valid training config
+        out = lever(bound, run, cpu_count=8)
+        assert set(out) == {"verdict", "params", "why", "also"} and out["why"]
+        TrainConfig(**out["params"])

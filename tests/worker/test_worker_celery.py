@@ -197,6 +197,8 @@ def test_up_embedded_mode_runs_a_job_and_stops_cleanly(tmp_path):
             job = wait_for(lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["status"] in
                            ("succeeded", "failed") and j, timeout=90, what="success")
             assert job["status"] == "succeeded"
+            # the worker announced itself: its heartbeat row serves the cpu queue
+            assert 'libreyolo_workers{queue="cpu"} 1.0' in c.get("/metrics").text
         assert (tmp_path / ".libreyolo" / "libreyolo.db").exists()
         children = _children(up.pid)
         assert len(children) == 2

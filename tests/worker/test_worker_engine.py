@@ -88,3 +88,110 @@ def test_engine_failure_keeps_its_exit_code_and_error_under_torchrun(make_settin
     assert error["exit_code"] == 3 and error["reason"] == "data error", error
     assert "images/nope" in error["engine_error"] and error["failed_rank"] in range(procs)
     assert error.get("launcher_exit_code") == (1 if procs == 2 else None)
+
+
+def _wait_for_step(c, job_id: str, step: int, timeout: float = 240.0) -> None:
+    """Until the engine reported step ``step`` of its first epoch (or later)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        evs = c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+        if any(e["data"].get("event") == "progress" and e["data"].get("step", 0) >= step
+               for e in evs):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never reached step {step}")
+
+
+@pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+@pytest.mark.parametrize("procs", [1, 2])  # 2: torchrun's agent passes SIGTERM to the ranks
+def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
+        make_settings, sqlite_url, tmp_path, procs):
+    """Cancel reaches the engine the documented way (SIGTERM to its main process), so
+    loader workers (workers=2) are not killed under it: the step finishes, last.pt is
+    written, run_end is 'interrupted' and the job ends 'cancelled' with no traceback."""
+    import threading
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+    from service.app import create_app
+    from worker.runner import run_job
+
+    data = generate_sample_dataset(tmp_path / "sample", n_train=64, n_val=4, imgsz=64)
+    settings = make_settings(sqlite_url, engine_command=None, heartbeat_s=1, poll_interval_s=0.1,
+                             lease_s=120, grace_s=60)
+    app = create_app(settings)
+    srv = ServerThread(app).start()
+    try:
+        _, token = make_user(app.state.sessions)
+        with client(srv.url, token) as c:
+            r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0,
+                                         "procs": procs, "params": {
+                "epochs": 3, "imgsz": 64, "batch": 2 * procs, "workers": 2, "log_interval": 1}})
+            assert r.status_code == 201, r.text
+            job_id = r.json()["id"]
+            out: dict[str, str] = {}
+            t = threading.Thread(target=lambda: out.setdefault(
+                "s", run_job(job_id, settings=settings, sessions=app.state.sessions)))
+            t.start()
+            _wait_for_step(c, job_id, 2)
+            assert c.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+            t.join(120)
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            logs = c.get(f"/v1/jobs/{job_id}/logs").text
+            arts = [a["path"] for a in c.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]]
+    finally:
+        srv.stop()
+    assert out.get("s") == "cancelled", (job, logs[-3000:])
+    assert "Traceback" not in logs and "killed by signal" not in logs, logs[-3000:]
+    assert job["status"] == "cancelled" and job["result"]["status"] == "interrupted", job
+    assert "weights/last.pt" in arts, arts
+    assert not [a for a in arts if a.startswith("weights/epoch_")], arts  # no unexplained copies
+    last = settings.artifact_root / job_id / "run" / "weights" / "last.pt"
+    assert f"{last} saved; resume with resume={last}" in logs, logs[-2000:]  # the real path
+    lines = engine_lines(settings.artifact_root / job_id / "run")
+    assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
+
+
+@pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+def test_hand_back_with_loader_workers_resumes_to_success(make_settings, sqlite_url, tmp_path):
+    """Worker shutdown stops the engine the same way (workers=2): the job goes back to
+    'queued' with last.pt, no traceback, and the next worker resumes it to the end."""
+    import threading
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+    from service.app import create_app
+    from worker.runner import run_job
+
+    data = generate_sample_dataset(tmp_path / "sample", n_train=16, n_val=2, imgsz=64)
+    settings = make_settings(sqlite_url, engine_command=None, heartbeat_s=1, poll_interval_s=0.1,
+                             lease_s=120, grace_s=60)
+    app = create_app(settings)
+    srv = ServerThread(app).start()
+    try:
+        _, token = make_user(app.state.sessions)
+        with client(srv.url, token) as c:
+            r = c.post("/v1/jobs", json={"model": "yolo9-t", "data": str(data), "gpus": 0, "params": {
+                "epochs": 1, "imgsz": 64, "batch": 2, "workers": 2, "log_interval": 1}})
+            job_id = r.json()["id"]
+            stop, sent, out = threading.Event(), [], {}
+            t = threading.Thread(target=lambda: out.setdefault("s", run_job(
+                job_id, settings=settings, sessions=app.state.sessions, stop=stop,
+                on_requeue=lambda *a: sent.append(a))))
+            t.start()
+            _wait_for_step(c, job_id, 1)
+            stop.set()
+            t.join(120)
+            handed_back = c.get(f"/v1/jobs/{job_id}").json()
+            assert out.get("s") == "queued", handed_back
+            assert (settings.artifact_root / job_id / "run" / "weights" / "last.pt").is_file()
+            assert run_job(job_id, settings=settings, sessions=app.state.sessions) == "succeeded"
+            logs = c.get(f"/v1/jobs/{job_id}/logs").text
+            job = c.get(f"/v1/jobs/{job_id}").json()
+    finally:
+        srv.stop()
+    assert handed_back["status"] == "queued" and sent == [(job_id, "cpu", 0)]
+    assert "Traceback" not in logs and "killed by signal" not in logs, logs[-3000:]
+    assert job["status"] == "succeeded" and job["attempt"] == 1, job
+    starts = [e for e in engine_lines(settings.artifact_root / job_id / "run") if e["event"] == "run_start"]
+    assert len(starts) == 2 and starts[1]["start_epoch"] == 1  # resumed from last.pt (epoch 0 cut)

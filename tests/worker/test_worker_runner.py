@@ -58,7 +58,7 @@ def test_launch_command_and_env(tmp_path):
     assert build_command(spec, 1, s) == ["/py", "-m", "libreyolo_core.cli", "train",
                                          f"spec={spec}"]
     assert build_command(spec, 4, s) == [
-        "/py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+        "/py", "-m", "libreyolo_core.distributed.torchrun", "--standalone", "--nproc_per_node=4",
         "-m", "libreyolo_core.cli", "train", f"spec={spec}"]
     assert build_env(["2", "3", "5"], 2, {})["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert build_env(["0"], 0, {})["CUDA_VISIBLE_DEVICES"] == ""

@@ -41,6 +41,7 @@
     source.addEventListener('end', function (ev) {
       ended = true;
       source.close();
+      flushRunEnded();
       let info = {};
       try { info = JSON.parse(ev.data); } catch (e) { info = {}; }
       if (info.status) setStatus(info.status);
@@ -60,6 +61,13 @@
     };
   }
 
+  let runEnded = null; // the engine's 'run ended' line, printed after its last log lines
+
+  function flushRunEnded() {
+    if (runEnded !== null) addLines([runEnded]);
+    runEnded = null;
+  }
+
   function onEvent(ev) {
     let e;
     try { e = JSON.parse(ev.data); } catch (err) { return; }
@@ -75,11 +83,15 @@
         addEpoch(d);
       }
     } else if (e.kind === 'status') {
-      if (d.event === 'run_end') { // the engine's own end; the job's status follows
-        addLines(['── run ended: ' + (d.status || '?') +
+      if (d.event === 'run_end') {
+        // The engine's own end. Its last log lines (the final epoch's line) are copied in
+        // the same batch but after the engine's events, so the line waits for the job's
+        // status (or the stream's end) to be printed after them.
+        runEnded = '── run ended: ' + (d.status || '?') +
           (d.best_epoch !== undefined && d.best_epoch !== null ? ', best epoch ' + d.best_epoch : '') +
-          ' ──']);
+          ' ──';
       } else if (d.event === 'status' && d.status) {
+        flushRunEnded();
         addLines(['── job ' + d.status + (d.reason ? ': ' + d.reason : '') + ' ──']);
         setStatus(d.status);
         scheduleSummary(0);
@@ -106,8 +118,16 @@
     const step = Number(d.step) || 0;
     const frac = epochDone ? epoch / epochs : (epoch - 1 + (steps ? step / steps : 0)) / epochs;
     progressEl.value = Math.max(0, Math.min(100, Math.round(100 * frac)));
-    progressText.textContent = 'epoch ' + epoch + '/' + epochs +
-      (!epochDone && steps ? ' · step ' + step + '/' + steps : '');
+    let detail = '';
+    if (!epochDone && d.phase === 'validating' && d.val_batches) {
+      detail = ' · validating ' + (Number(d.val_batch) || 0) + '/' + d.val_batches;
+    } else if (!epochDone && steps) {
+      detail = ' · step ' + step + '/' + steps;
+    }
+    if (d.phase === 'validating') {
+      progressEl.value = Math.max(0, Math.min(100, Math.round(100 * epoch / epochs)));
+    }
+    progressText.textContent = 'epoch ' + epoch + '/' + epochs + detail;
   }
 
   // ------------------------------------------------------------------ log tail

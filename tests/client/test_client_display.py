@@ -1,0 +1,48 @@
+"""How a job reads in the SDK, the CLI and the page: progress while it trains and while it
+validates, a profile job's lever."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from libreyolo_client._progress import progress_text
+
+TRAINING = {"phase": "training", "epoch": 2, "epochs": 3, "step": 5, "steps": 8, "eta_s": 40.0}
+VALIDATING = {"phase": "validating", "epoch": 3, "epochs": 3, "val_batch": 2, "val_batches": 4,
+              "step": 8, "steps": 8, "eta_s": 0.0}
+
+
+def test_sdk_and_cli_text():
+    assert progress_text(TRAINING) == "epoch 2/3  step 5/8  eta 40s"
+    assert progress_text(VALIDATING) == "epoch 3/3  validating 2/4"
+
+
+def test_page_text_and_the_jobs_list():
+    from libreyolo_client._models import JobInfo
+    from libreyolo_client.cli import _summary
+    from service.web.pages import _progress
+
+    job = SimpleNamespace(status="running", progress=VALIDATING, queue="cpu")
+    assert _progress(job)[1] == "epoch 3/3 · validating 2/4"
+    job.progress = TRAINING
+    assert _progress(job)[1] == "epoch 2/3 · step 5/8"
+    info = JobInfo(id="j1", kind="train", model="yolo9-t", data="d.yaml", status="running",
+                   progress=VALIDATING)
+    assert _summary(info) == "epoch 3/3  validating 2/4"
+    info.progress = {}
+    assert _summary(info).startswith("starting")
+
+
+def test_profile_lever_in_the_sdk_and_on_the_page():
+    from libreyolo_client import Job
+    from libreyolo_client._models import JobInfo
+    from service.web.pages import _lever_text
+
+    lever = {"verdict": "dataloader", "params": {"workers": 8, "cache": "ram"},
+             "why": "the step waits for data", "also": ["lighter augmentation"]}
+    info = JobInfo(id="j1", kind="profile", model="yolo9-t", data="d.yaml", status="succeeded",
+                   result={"verdict": "dataloader", "lever": lever})
+    assert Job(None, info).lever["params"] == {"workers": 8, "cache": "ram"}
+    assert _lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
+                                  "lighter augmentation")
+    assert Job(None, info.model_copy(update={"result": {}})).lever == {}
