@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
-from service.api import datasets, health, jobs
+from service.api import datasets, health, jobs, models
 from service.api.problems import install_problem_handlers
 from service.db.session import make_engine, make_session_factory
 from service.metrics import ServiceCollector
@@ -84,5 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(datasets.router)
+    app.include_router(models.router)
+    app.include_router(models.publish_router)
     install_web(app)
     return app
