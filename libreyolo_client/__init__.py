@@ -28,7 +28,7 @@ from libreyolo_client._errors import (
     ValidationError,
     WaitTimeout,
 )
-from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo
+from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo, Model
 
 __all__ = [
     "APIError",
@@ -47,6 +47,7 @@ __all__ = [
     "JobFailed",
     "JobInfo",
     "LibreYOLOError",
+    "Model",
     "NotFound",
     "ServiceUnavailable",
     "ValidationError",

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 
 from libreyolo_client.cli import jobs_app
+from libreyolo_client.models_cli import models_app
 from service.settings import Settings
 
 __all__ = ["main", "app"]
@@ -34,6 +35,7 @@ token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(models_app, name="models")
 
 
 def _settings() -> Settings:

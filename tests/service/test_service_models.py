@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from testkit import ServerThread, client, make_user
+from testkit import ServerThread, client, make_user, write_weights
 
 from service.db.models import Job, Model
 
@@ -27,29 +27,17 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def _checkpoint() -> dict:
-    """A real yolo9-t (2 classes) state dict in float16 with our checkpoint's metadata."""
-    from libreyolo_core.models.registry import load_family, parse_model_name
-
-    spec, size = parse_model_name("yolo9-t")
-    model = load_family(spec).build_model(size, 2)
-    return {"model": {k: v.half() if v.is_floating_point() else v
-                      for k, v in model.state_dict().items()},
-            "model_family": "yolo9", "size": "t", "nc": 2, "names": {0: "circle", 1: "square"},
-            "imgsz": 128}
-
-
 @pytest.fixture(scope="session")
 def weights(tmp_path_factory) -> dict[str, Path]:
-    """Weight files: ``good`` (yolo9-t, 2 classes) and one bad file per kind."""
+    """Weight files: ``good`` (yolo9-t, 2 classes, imgsz 128) and one bad file per kind."""
     import numpy as np
     import torch
 
     folder = tmp_path_factory.mktemp("weights")
-    ckpt = _checkpoint()
-    files = {name: folder / f"{name}.pt" for name in
-             ("good", "not_torch", "needs_code", "truncated", "unknown_family", "numpy_meta")}
-    torch.save(ckpt, files["good"])
+    files = {"good": write_weights(folder / "good.pt")}
+    ckpt = torch.load(files["good"], weights_only=True)
+    files |= {name: folder / f"{name}.pt" for name in
+              ("not_torch", "needs_code", "truncated", "unknown_family", "numpy_meta")}
     files["not_torch"].write_bytes(b"this is a text file, not a checkpoint\n" * 10)
     marker = folder / "pwned"
     torch.save({**ckpt, "evil": _RunsCode(marker)}, files["needs_code"])
@@ -85,7 +73,7 @@ def test_upload_list_get_download_delete(alice, server, weights):
     m = r.json()
     sha = hashlib.sha256(weights["good"].read_bytes()).hexdigest()
     assert (m["family"], m["size"], m["nc"]) == ("yolo9", "t", 2)
-    assert m["names"] == {"0": "circle", "1": "square"} and m["source"] == "upload"
+    assert m["names"] == {"0": "class0", "1": "class1"} and m["source"] == "upload"
     assert m["sha256"] == sha and m["bytes"] == weights["good"].stat().st_size
     assert m["params"] > 1_000_000 and "path" not in m
     assert r.headers["location"] == f"/v1/models/{m['id']}"

@@ -12,7 +12,7 @@ import json
 import sys
 
 import pytest
-from testkit import ServerThread, client, make_user, write_data_yaml
+from testkit import ServerThread, client, make_user, write_data_yaml, write_weights
 
 from worker.runner import run_job
 
@@ -44,19 +44,7 @@ def api(make_settings, db_url, tmp_path):
 
 @pytest.fixture(scope="module")
 def good_weights(tmp_path_factory):
-    """A real yolo9-t (2 classes) checkpoint in our format."""
-    import torch
-
-    from libreyolo_core.models.registry import load_family, parse_model_name
-
-    spec, size = parse_model_name("yolo9-t")
-    model = load_family(spec).build_model(size, 2)
-    path = tmp_path_factory.mktemp("w") / "shapes.pt"
-    torch.save({"model": {k: v.half() if v.is_floating_point() else v
-                          for k, v in model.state_dict().items()},
-                "model_family": "yolo9", "size": "t", "nc": 2,
-                "names": {0: "circle", 1: "square"}}, path)
-    return path
+    return write_weights(tmp_path_factory.mktemp("w") / "shapes.pt")
 
 
 def test_upload_train_publish_download(api, good_weights, tmp_path):
