@@ -5,14 +5,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # `make demo` knobs: DATA (your data.yaml; default the easy synthetic set), MODEL, EPOCHS
 # (pre-training), FT_EPOCHS (fine-tuning from the published model; 0 skips it), IMGSZ,
-# BATCH, PROFILE=0 (no profile job), WAIT=0 (stop the service at the end instead of
-# keeping it up for the job pages until Ctrl-C).
+# BATCH, THREADS (CPU threads per engine process; 1 by default: more threads than free
+# cores stall every step on a busy machine; 0 = torch's default), PROFILE=0 (no profile
+# job), WAIT=0 (stop the service at the end instead of keeping it up until Ctrl-C).
 DATA ?=
 MODEL ?= yolo9-t
 EPOCHS ?= 30
 FT_EPOCHS ?= 5
 IMGSZ ?= 64
 BATCH ?= 8
+THREADS ?= 1
 PROFILE ?= 1
 WAIT ?= 1
 
@@ -41,6 +43,7 @@ test-fast: setup
 demo: setup
 	$(BIN)/python -m libreyolo_client.demo $(if $(DATA),--data $(DATA),) --model $(MODEL) \
 		--epochs $(EPOCHS) --ft-epochs $(FT_EPOCHS) --imgsz $(IMGSZ) --batch $(BATCH) \
+		--threads $(THREADS) \
 		$(if $(filter 0,$(PROFILE)),--no-profile,) $(if $(filter 0,$(WAIT)),--no-wait,)
 
 bench: setup

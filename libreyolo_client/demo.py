@@ -75,10 +75,15 @@ def _sample_dataset(out: Path) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def _start_service(home: Path, port: int, gpus: int, log_path: Path) -> subprocess.Popen:
+def _start_service(home: Path, port: int, gpus: int, log_path: Path,
+                   threads: int) -> subprocess.Popen:
+    """``libreyolo-service up`` in the background; ``threads`` (> 0) becomes the engine's
+    ``OMP_NUM_THREADS`` (the worker passes its environment on to the engine)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIBREYOLO_")}
     env |= {"LIBREYOLO_HOME": str(home), "LIBREYOLO_CREDENTIALS_PATH": str(home / "credentials"),
             "PYTHONUNBUFFERED": "1"}
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
     argv = [sys.executable, "-m", "service.cli", "up", "--port", str(port)]
     argv += ["--gpus", ",".join(str(i) for i in range(gpus))] if gpus else ["--cpu"]
     log = open(log_path, "ab")
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the profile job")
     parser.add_argument("--profile-budget-s", type=float, default=300.0,
                         help="wall-clock limit of the profile job, seconds")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads per engine process (OMP_NUM_THREADS; 0: torch's "
+                        "default, all cores). 1 keeps a shared or busy machine fast: with "
+                        "more threads than free cores, each step waits for a descheduled "
+                        "thread (measured 40x slower epochs on a busy 2-core box)")
     parser.add_argument("--no-wait", action="store_true",
                         help="stop the service at the end instead of keeping it up")
     args = parser.parse_args(argv)
@@ -151,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     log_path = home / "service.log"
 
     _say(f"== starting the service: libreyolo-service up --port {port} "
-         f"({'GPUs: ' + str(gpus) if gpus else 'CPU worker'}); log: {log_path}")
-    up = _start_service(home, port, gpus, log_path)
+         f"({'GPUs: ' + str(gpus) if gpus else 'CPU worker'}"
+         f"{f', OMP_NUM_THREADS={args.threads}' if args.threads > 0 else ''}); log: {log_path}")
+    up = _start_service(home, port, gpus, log_path, args.threads)
     stop = True
     try:
         deadline = time.monotonic() + 120
@@ -176,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{EASY_SET['n_train']} train / {EASY_SET['n_val']} val images: {data}")
 
         params = {"epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-                  "workers": 2, "warmup_epochs": 1, "no_aug_epochs": 2, "mosaic": 0.0,
+                  "workers": 0, "warmup_epochs": 1, "no_aug_epochs": 2, "mosaic": 0.0,
                   "eval_interval": 5, "lr0": 0.01}
         train = client.train(model=args.model, data=data, gpus=gpus and 1, **params)
         _say(f"== 1. pre-train job {train.id}: {args.model} from scratch, {params}")
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 profile = client.profile(model=args.model, data=data, gpus=gpus and 1,
                                          time_budget_s=args.profile_budget_s, epochs=2,
                                          profile_warmup=2, profile_steps=6, priority=0,
-                                         imgsz=args.imgsz, batch=args.batch, workers=2)
+                                         imgsz=args.imgsz, batch=args.batch, workers=0)
                 _say(f"== profile job {profile.id} queued (it runs after the train job)")
             except LibreYOLOError as exc:
                 _say(f"!! the profile job was refused: {exc}")
