@@ -129,16 +129,19 @@ def test_numpy_scalars_in_metadata_are_accepted(alice, weights):
     assert r.json()["imgsz"] == 128
 
 
-def test_upload_cap_and_empty_body(server, sessions, weights, tmp_path):
+def test_upload_cap_time_limit_and_empty_body(server, sessions, weights, tmp_path):
     from service.app import create_app
 
-    small = server.app.state.settings.model_copy(update={"max_model_bytes": 1000})
+    small = server.app.state.settings.model_copy(update={"max_model_bytes": 1000,
+                                                        "inspect_timeout_s": 0.05})
     srv = ServerThread(create_app(small)).start()
     try:
         _, token = make_user(sessions)
         with client(srv.url, token) as c:
             r = _upload(c, weights["good"])
             assert r.status_code == 413 and "max_model_bytes" in r.json()["detail"]
+            r = _upload(c, weights["not_torch"])  # 380 bytes: under the cap, over the time
+            assert r.status_code == 422 and "longer than 0.05 s" in r.json()["detail"]
             empty = c.post("/v1/models", params={"name": "x"}, content=b"")
             assert empty.status_code == 422 and "empty" in empty.json()["detail"]
             assert c.post("/v1/models", content=b"x").json()["field"] == "name"
