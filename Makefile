@@ -3,7 +3,20 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make demo` knobs: DATA (your data.yaml; default the easy synthetic set), MODEL, EPOCHS
+# (pre-training), FT_EPOCHS (fine-tuning from the published model; 0 skips it), IMGSZ,
+# BATCH, THREADS (CPU threads per engine process; 1 by default: more threads than free
+# cores stall every step on a busy machine; 0 = torch's default), PROFILE=0 (no profile
+# job), WAIT=0 (stop the service at the end instead of keeping it up until Ctrl-C).
 DATA ?=
+MODEL ?= yolo9-t
+EPOCHS ?= 30
+FT_EPOCHS ?= 5
+IMGSZ ?= 64
+BATCH ?= 8
+THREADS ?= 1
+PROFILE ?= 1
+WAIT ?= 1
 
 .PHONY: setup test test-fast demo bench lint clean
 
@@ -11,7 +24,10 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch/torchvision: plain pip takes the local wheels (no CUDA download)
+	# torch/torchvision from the configured index. The torch 2.14.1 wheel there is the CUDA
+	# build: pip also installs ~15 nvidia-* wheels and triton (several GB) even on a machine
+	# without a GPU. No CPU-only 2.14.1 wheel is reachable from this machine's indexes
+	# (checked with `pip install --dry-run torch==2.14.1`).
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
@@ -22,9 +38,13 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
 
-# the service end to end: `libreyolo-service up`, a train and a profile job through the SDK
+# the service end to end through the SDK: `libreyolo-service up`, pre-train, publish the
+# weights as a model, fine-tune from it, a profile job; the service stays up (Ctrl-C stops it)
 demo: setup
-	$(BIN)/python -m libreyolo_client.demo $(if $(DATA),--data $(DATA),)
+	$(BIN)/python -m libreyolo_client.demo $(if $(DATA),--data $(DATA),) --model $(MODEL) \
+		--epochs $(EPOCHS) --ft-epochs $(FT_EPOCHS) --imgsz $(IMGSZ) --batch $(BATCH) \
+		--threads $(THREADS) \
+		$(if $(filter 0,$(PROFILE)),--no-profile,) $(if $(filter 0,$(WAIT)),--no-wait,)
 
 bench: setup
 	$(BIN)/python bench/data_throughput.py

@@ -29,7 +29,7 @@ from libreyolo_client._errors import (
     ValidationError,
     WaitTimeout,
 )
-from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo
+from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo, Model
 
 __all__ = [
     "APIError",
@@ -48,6 +48,7 @@ __all__ = [
     "JobFailed",
     "JobInfo",
     "LibreYOLOError",
+    "Model",
     "NotFound",
     "ServiceUnavailable",
     "SubmitWarning",

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from libreyolo_client._client import (
+    CHUNK,
     DEFAULT_TIMEOUT,
     FOLLOW_GIVE_UP_S,
     RETRY_STATUSES,
@@ -37,7 +38,7 @@ from libreyolo_client._errors import (
     SubmitWarning,
     error_from_response,
 )
-from libreyolo_client._models import ArtifactInfo, Event, JobInfo
+from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model
 from libreyolo_client._sse import aparse_sse
 
 __all__ = ["AsyncClient", "AsyncJob"]
@@ -146,6 +147,38 @@ class AsyncClient(_Base):
             raise
 
 
+    async def upload_model(self, path: str | os.PathLike[str], name: str | None = None
+                           ) -> Model:
+        """See :meth:`Client.upload_model` (no progress callback)."""
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise FileNotFoundError(f"weights file {src} does not exist")
+
+        async def body() -> AsyncIterator[bytes]:
+            with open(src, "rb") as f:
+                while chunk := await asyncio.to_thread(f.read, CHUNK):
+                    yield chunk
+
+        r = await self._request("POST", "/v1/models", params={"name": name or src.stem},
+                                content=body(), idempotent=False,
+                                headers={"Content-Type": "application/octet-stream",
+                                         "Content-Length": str(src.stat().st_size)},
+                                timeout=httpx.Timeout(600.0, connect=10.0))
+        return Model.model_validate(r.json())
+
+    async def models(self) -> list[Model]:
+        """See :meth:`Client.models`."""
+        return [Model.model_validate(m) for m in (await self._json("GET", "/v1/models"))["data"]]
+
+    async def model(self, model_id: str) -> Model:
+        """See :meth:`Client.model`."""
+        return Model.model_validate(await self._json("GET", f"/v1/models/{model_id}"))
+
+    async def delete_model(self, model_id: str) -> None:
+        """See :meth:`Client.delete_model`."""
+        await self._request("DELETE", f"/v1/models/{model_id}")
+
+
 class AsyncJob:
     """Async twin of :class:`~libreyolo_client.Job`."""
 
@@ -172,6 +205,12 @@ class AsyncJob:
         """Cancel the job."""
         self.info = await self._client.cancel(self.id)
         return self.info
+
+    async def publish(self, name: str) -> Model:
+        """See :meth:`Job.publish`."""
+        return Model.model_validate(await self._client._json(
+            "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
+            timeout=httpx.Timeout(300.0, connect=10.0)))
 
     async def artifacts(self) -> list[ArtifactInfo]:
         """See :meth:`Job.artifacts`."""

@@ -33,7 +33,7 @@ from libreyolo_client._errors import (
     WaitTimeout,
     error_from_response,
 )
-from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo
+from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo, Model
 from libreyolo_client._progress import EventPrinter
 from libreyolo_client._sse import parse_sse
 
@@ -422,6 +422,89 @@ class Client(_Base):
             Conflict: a queued or running job uses it.
         """
         self._request("DELETE", f"/v1/datasets/{dataset_id}")
+    # -- models -----------------------------------------------------------------------
+    def upload_model(self, path: str | os.PathLike[str], name: str | None = None, *,
+                     progress: bool | ProgressFn = False) -> Model:
+        """Register a weights file (``.pt``): streamed to the service, which reads it with
+        ``weights_only=True`` and says what it is.
+
+        Args:
+            path: the weights file.
+            name: model name (default: the file name without ``.pt``).
+            progress: True prints ``sent/total`` to stderr; or a callable.
+
+        Returns:
+            The model (family, size, classes, parameter count); pass ``.id`` as ``model=``.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValidationError: the service cannot use the file; ``.detail`` says why (not a
+                torch file, a pickle that needs code, truncated, an unknown family).
+            APIError: 413 when larger than the service's cap.
+        """
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise FileNotFoundError(f"weights file {src} does not exist")
+        name = name or src.stem
+        report = _progress_fn(progress, f"upload {name}")
+        total = src.stat().st_size
+
+        def body() -> Iterator[bytes]:
+            sent = 0
+            with open(src, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    sent += len(chunk)
+                    yield chunk
+                    if report:
+                        report(sent, total)
+
+        r = self._request("POST", "/v1/models", params={"name": name}, content=body(),
+                          idempotent=False,
+                          headers={"Content-Type": "application/octet-stream",
+                                   "Content-Length": str(total)},
+                          timeout=httpx.Timeout(600.0, connect=10.0))
+        return Model.model_validate(r.json())
+
+    def models(self) -> list[Model]:
+        """Your registered models, newest first."""
+        return [Model.model_validate(m) for m in self._json("GET", "/v1/models")["data"]]
+
+    def model(self, model_id: str) -> Model:
+        """One model. Raises ``NotFound`` for an unknown id or another user's model."""
+        return Model.model_validate(self._json("GET", f"/v1/models/{model_id}"))
+
+    def delete_model(self, model_id: str) -> None:
+        """Delete a model and its file. Raises ``Conflict`` while a queued or running job
+        starts from it, ``NotFound`` for an unknown id."""
+        self._request("DELETE", f"/v1/models/{model_id}")
+
+    def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None) -> Path:
+        """Download a model's weights file and check its sha256.
+
+        Args:
+            dest: a file path or a folder (default: ``<model name>.pt`` in the current folder).
+
+        Raises:
+            NotFound: unknown model. ChecksumError: the bytes differ from the sha256.
+        """
+        info = self.model(model_id)
+        target = self._dest(f"{info.name}.pt", dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        with self._http.stream("GET", f"/v1/models/{model_id}/file",
+                               timeout=httpx.Timeout(30.0, connect=10.0)) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_from_response(r)
+            with open(part, "wb") as f:
+                for chunk in r.iter_bytes():
+                    f.write(chunk)
+        if _sha256(part) != info.sha256:
+            part.unlink(missing_ok=True)
+            raise ChecksumError(f"model {model_id}: the downloaded bytes differ from sha256 "
+                                f"{info.sha256}")
+        os.replace(part, target)
+        return target
 
 
 def _progress_fn(progress: bool | ProgressFn | None, label: str) -> ProgressFn | None:
@@ -683,6 +766,16 @@ class Job:
                 time.sleep(poll_s)
 
     # -- artifacts -------------------------------------------------------------------
+    def publish(self, name: str) -> Model:
+        """Register this finished job's ``weights/best.pt`` as a model named ``name``.
+
+        Raises:
+            Conflict: the job has not succeeded, or has no ``weights/best.pt``.
+        """
+        return Model.model_validate(self._client._json(
+            "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
+            timeout=httpx.Timeout(300.0, connect=10.0)))
+
     def artifacts(self) -> list[ArtifactInfo]:
         """Files of the run directory (path, kind, size_bytes; sha256 once finished)."""
         page = self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")

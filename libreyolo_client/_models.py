@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "TERMINAL_STATUSES"]
+__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "TERMINAL_STATUSES"]
 
 #: statuses a job never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -94,3 +94,31 @@ class DatasetInfo(_Model):
     status: str = ""
     report: dict[str, Any] | None = None
     created_at: datetime | None = None
+
+
+class Model(_Model):
+    """A registered weights file: pass ``id`` as a job's ``model``.
+
+    ``family``/``size``/``nc``/``names`` (class id as a string -> name)/``params`` are what
+    the service read from the file; ``source`` is ``upload`` or ``job:<job id>`` for a
+    published checkpoint; ``bytes`` is the file size, ``sha256`` its digest.
+    """
+
+    id: str
+    name: str
+    family: str
+    size: str
+    nc: int
+    names: dict[str, str] = {}
+    params: int = 0
+    sha256: str = ""
+    bytes: int = 0
+    format: str = ""
+    imgsz: int | None = None
+    source: str = ""
+    created_at: datetime | None = None
+
+    @property
+    def model_name(self) -> str:
+        """``<family>-<size>``, e.g. ``yolo9-t``."""
+        return f"{self.family}-{self.size}"

@@ -18,6 +18,7 @@ import typer
 
 from libreyolo_client.cli import jobs_app
 from libreyolo_client.datasets_cli import datasets_app
+from libreyolo_client.models_cli import models_app
 from service.credentials import save_credentials, saved_token
 from service.settings import Settings
 
@@ -35,6 +36,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(datasets_app, name="datasets")
+app.add_typer(models_app, name="models")
 
 
 def _settings() -> Settings:

@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     )
     artifact_root: Path | None = Field(None, description="job folders; default <home>/jobs")
     upload_root: Path | None = Field(None, description="dataset uploads; default <home>/datasets")
+    model_root: Path | None = Field(None, description="registered weights files; default <home>/models")
     credentials_path: Path = Field(
         Path("~/.config/libreyolo/credentials"),
         description="where `up` saves the admin token for the SDK (JSON, mode 600)",
@@ -73,6 +74,11 @@ class Settings(BaseSettings):
     sse_ping_s: float = Field(15.0, gt=0, description="SSE: keep-alive comment interval")
     max_upload_bytes: int = Field(2 << 30, gt=0, description="dataset zip size cap")
     max_uncompressed_bytes: int = Field(8 << 30, gt=0, description="dataset total inflated size cap")
+    max_model_bytes: int = Field(1 << 30, gt=0, description="uploaded weights file size cap")
+    inspect_timeout_s: float = Field(
+        120.0, gt=0, description="time limit of the child process that reads an uploaded "
+        "weights file (`python -m libreyolo_core.weights inspect`)"
+    )
     max_compression_ratio: float = Field(200.0, gt=1, description="inflated/compressed cap per file")
     check_data_paths: bool = Field(
         True, description="reject a job whose data path does not exist on the API host"
@@ -110,8 +116,11 @@ class Settings(BaseSettings):
             self.artifact_root = home / "jobs"
         if self.upload_root is None:
             self.upload_root = home / "datasets"
+        if self.model_root is None:
+            self.model_root = home / "models"
         self.artifact_root = self.artifact_root.expanduser().resolve()
         self.upload_root = self.upload_root.expanduser().resolve()
+        self.model_root = self.model_root.expanduser().resolve()
         self.credentials_path = self.credentials_path.expanduser()
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s={self.heartbeat_s} must be shorter than "
@@ -122,9 +131,10 @@ class Settings(BaseSettings):
         return self
 
     def ensure_dirs(self) -> None:
-        """Create the state folders (home, artifacts, uploads, SQLite files' parents)."""
+        """Create the state folders (home, artifacts, uploads, models, SQLite files' parents)."""
         for url in (self.database_url, self.broker_url):
             if "sqlite:///" in url:
                 Path(url.split("sqlite:///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(parents=True, exist_ok=True)
         self.upload_root.mkdir(parents=True, exist_ok=True)
+        self.model_root.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.model_refs import MODEL_ID, family_of_path, resolve_model_id
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     ArtifactPublic,
@@ -40,7 +41,7 @@ from service.ops import append_events, transition
 from service.queue import enqueue, queue_for
 from service.workers import live_queues, unserved_warning, waiting_reason
 
-__all__ = ["router", "job_public"]
+__all__ = ["router", "job_public", "send_file"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -141,6 +142,8 @@ def _family_of(session: SessionDep, store: Any, model: str) -> str | None:
     for _ in range(_MAX_CHAIN):
         if not model.startswith("/"):
             return model
+        if (registered := family_of_path(session, model)) is not None:
+            return registered
         try:
             rel = Path(model).relative_to(store.root)
         except ValueError:
@@ -154,7 +157,7 @@ def _family_of(session: SessionDep, store: Any, model: str) -> str | None:
 
 def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
                    model: str) -> tuple[str, str | None]:
-    """Resolve ``job:<id>/<path>`` to the checkpoint's absolute path in the artifact store.
+    """Resolve ``job:<id>/<path>`` (or a model id, ``m...``) to the checkpoint's absolute path.
 
     Returns:
         ``(model, family)``: for a reference, the absolute ``.pt`` path and the
@@ -164,6 +167,8 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
         Problem 422 naming ``model``: a malformed reference, another user's or an unknown
         job, a path that leaves the job's run directory, or a missing / non-``.pt`` file.
     """
+    if MODEL_ID.fullmatch(model):
+        return resolve_model_id(session, user, model)
     if not model.startswith("job:"):
         return model, None
     m = _JOB_MODEL.fullmatch(model)
@@ -220,9 +225,10 @@ def submit_job(
 ) -> JobPublic:
     """Submit a training or profile job.
 
-    ``model`` is a name (``yolo9-t``) or a checkpoint artifact of one of your earlier jobs,
-    ``job:<job id>/weights/best.pt`` (stored as the checkpoint's path in the artifact
-    store; an unknown job, another user's job or a missing file is a 422 naming ``model``).
+    ``model`` is a name (``yolo9-t``), one of your registered models (its id, ``m...``;
+    see ``/v1/models``) or a checkpoint artifact of one of your earlier jobs,
+    ``job:<job id>/weights/best.pt`` (both stored as the file's absolute path; an unknown
+    model or job, another user's, or a missing file is a 422 naming ``model``).
     ``params`` are validated by the engine's TrainConfig (an unknown key or bad value is a
     422 whose ``field`` is ``params.<key>``); ``batch`` must divide by the rank count
     (``gpus``, or ``procs`` for a CPU job). Nothing is queued on error. The job row is
@@ -529,13 +535,26 @@ def download_artifact(
         raise Problem(404, f"artifact {path!r} not found in job {job.id}")
     rel = file.relative_to(store.run_dir(job.id).resolve()).as_posix()
     row = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == rel))
+    return send_file(file, sha256=row.sha256 if row is not None else None,
+                     if_none_match=if_none_match)
+
+
+def send_file(file: Path, *, sha256: str | None, if_none_match: str | None,
+              filename: str | None = None) -> Response:
+    """A stored file as a download (job artifacts and registered models share it).
+
+    ``Range`` (206) comes from ``FileResponse``; with a known ``sha256`` the ``ETag`` is it,
+    ``If-None-Match`` answers 304, and ``X-Content-SHA256`` / ``Repr-Digest`` are sent.
+    ``timeline.html`` is inline HTML under :data:`TIMELINE_CSP`; every other file is an
+    attachment named ``filename`` (default: the file's name).
+    """
     headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-cache"}
-    if row is not None:
-        etag = f'"{row.sha256}"'
+    if sha256 is not None:
+        etag = f'"{sha256}"'
         headers["ETag"] = etag
-        headers["X-Content-SHA256"] = row.sha256
+        headers["X-Content-SHA256"] = sha256
         headers["Repr-Digest"] = "sha-256=:" + base64.b64encode(
-            bytes.fromhex(row.sha256)).decode() + ":"
+            bytes.fromhex(sha256)).decode() + ":"
         if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
             return Response(status_code=304, headers=headers)
     if file.name == "timeline.html":
@@ -543,4 +562,4 @@ def download_artifact(
         return FileResponse(file, media_type="text/html; charset=utf-8", headers=headers,
                             filename=file.name, content_disposition_type="inline")
     return FileResponse(file, media_type="application/octet-stream", headers=headers,
-                        filename=file.name, content_disposition_type="attachment")
+                        filename=filename or file.name, content_disposition_type="attachment")

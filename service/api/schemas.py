@@ -29,7 +29,8 @@ class JobCreate(BaseModel):
 
     kind: JobKind = Field("train", description="train or profile")
     model: str = Field(..., max_length=500, description="model name <family>-<size>, e.g. "
-                       "yolo9-t, or a checkpoint of an earlier job: job:<id>/weights/best.pt")
+                       "yolo9-t, a registered model id (m...), or a checkpoint of an "
+                       "earlier job: job:<id>/weights/best.pt")
     data: str = Field(..., description="dataset id (d...) or a dataset yaml path the "
                       "workers can read")
     params: dict[str, Any] = Field(default_factory=dict,

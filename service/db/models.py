@@ -1,4 +1,4 @@
-"""Tables: users, tokens, jobs, job_events, artifacts, datasets, workers.
+"""Tables: users, tokens, jobs, job_events, artifacts, datasets, models, workers.
 
 Times are UTC-aware datetimes (``*_at``); event times are unix seconds as the engine
 writes them. Tokens are stored as the sha256 hex of the token, never the token.
@@ -175,3 +175,28 @@ class WorkerRow(Base):
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+class Model(Base):
+    """A registered weights file (``models`` table): an upload or a published job checkpoint.
+
+    ``family``/``size``/``nc``/``names``/``params`` are what the engine's weights inspector
+    read from the file (``names`` keys are class ids as strings); ``path`` is the stored
+    file, absolute; ``source`` is ``upload`` or ``job:<job id>``.
+    """
+
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("m"))
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(32))
+    size: Mapped[str] = mapped_column(String(16))
+    nc: Mapped[int] = mapped_column(Integer)
+    names: Mapped[dict[str, Any]] = mapped_column(JSON)
+    params: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str] = mapped_column(String(32))
+    imgsz: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    source: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

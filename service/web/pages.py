@@ -33,6 +33,7 @@ from service.api.deps import (
     check_same_origin,
     current_user,
 )
+from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem
 from service.db.models import TERMINAL, Artifact, Dataset, Job, User
 from service.ops import user_for_token
@@ -347,7 +348,8 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in ("queued",
                                                                                "running"),
-            "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True)}
+            "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
+            "started_from": describe_model_ref(session, request.app.state.settings, job.model)}
 
 
 # ---------------------------------------------------------------- pages

@@ -217,3 +217,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def write_weights(path: Path, nc: int = 2) -> Path:
+    """A real yolo9-t state dict (float16, ``nc`` classes) in our checkpoint format: what
+    a published ``best.pt`` holds. Imports torch (test processes only)."""
+    import torch
+
+    from libreyolo_core.models.registry import load_family, parse_model_name
+
+    spec, size = parse_model_name("yolo9-t")
+    model = load_family(spec).build_model(size, nc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {k: v.half() if v.is_floating_point() else v
+                          for k, v in model.state_dict().items()},
+                "model_family": "yolo9", "size": "t", "nc": nc,
+                "names": {i: f"class{i}" for i in range(nc)}, "imgsz": 128}, path)
+    return path

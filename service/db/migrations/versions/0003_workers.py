@@ -1,7 +1,7 @@
 """workers: one row per live worker process (heartbeat), what queues it serves
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-11-30
 """
 
@@ -11,7 +11,7 @@ from alembic import op
 from service.db.models import UTCDateTime
 
 revision = "0003"
-down_revision = "0001"  # re-chained after 0002 (models) at merge
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

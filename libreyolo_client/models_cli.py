@@ -1,0 +1,104 @@
+"""``libreyolo-service models ...``: the model registry in a terminal.
+
+``upload | list | show | rm | publish | download``. URL and token as for ``jobs`` (``--url``
+/ ``--token``, ``LIBREYOLO_URL`` / ``LIBREYOLO_TOKEN``, or what ``up`` saved). Exit codes:
+0 ok, 1 error, 2 invalid request (a refused upload: the message says why).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from libreyolo_client._models import Model
+from libreyolo_client._progress import format_bytes
+from libreyolo_client.cli import _OPTS, _client
+
+__all__ = ["models_app"]
+
+models_app = typer.Typer(help="register weights files and start jobs from them",
+                         no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@models_app.callback()
+def _options(
+    url: Annotated[str | None, typer.Option(envvar="LIBREYOLO_URL",
+                                            help="service URL, e.g. http://127.0.0.1:8000")] = None,
+    token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
+                                              help="bearer token")] = None,
+) -> None:
+    """Registered models: uploads and published job checkpoints (pass the id as a job's model)."""
+    _OPTS.update(url=url, token=token)
+
+
+def _line(m: Model) -> str:
+    return (f"{m.id}  {m.model_name:<8} nc={m.nc:<3} {m.params / 1e6:5.2f}M params  "
+            f"{format_bytes(m.bytes):>9}  {m.source:<32} {m.name}")
+
+
+@models_app.command("upload")
+def upload(
+    path: Annotated[Path, typer.Argument(help="weights file (.pt)")],
+    name: Annotated[str | None, typer.Option("--name", "-n",
+                                             help="model name (default: file name)")] = None,
+) -> None:
+    """Upload a weights file; prints the model id to pass as a job's model."""
+    with _client() as c:
+        m = c.upload_model(path, name=name, progress=True)
+    typer.echo(_line(m))
+    typer.echo(f"train from it: libreyolo-service jobs submit --model {m.id} --data ...")
+
+
+@models_app.command("list")
+def list_models(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON, one model per line")] = False,
+) -> None:
+    """Your models, newest first."""
+    with _client() as c:
+        models = c.models()
+    for m in models:
+        typer.echo(m.model_dump_json() if as_json else _line(m))
+    if not models and not as_json:
+        typer.echo("no models yet (libreyolo-service models upload FILE, or models publish JOB)")
+
+
+@models_app.command("show")
+def show(model_id: Annotated[str, typer.Argument(help="model id")]) -> None:
+    """Everything the service knows about one model (JSON)."""
+    with _client() as c:
+        m = c.model(model_id)
+    typer.echo(json.dumps(m.model_dump(mode="json"), indent=2))
+
+
+@models_app.command("rm")
+def remove(model_id: Annotated[str, typer.Argument(help="model id")]) -> None:
+    """Delete a model and its file (refused while a queued or running job uses it)."""
+    with _client() as c:
+        c.delete_model(model_id)
+    typer.echo(f"deleted {model_id}")
+
+
+@models_app.command("publish")
+def publish(
+    job_id: Annotated[str, typer.Argument(help="a succeeded job")],
+    name: Annotated[str, typer.Option("--name", "-n", help="the new model's name")],
+) -> None:
+    """Register a succeeded job's weights/best.pt as a model."""
+    with _client() as c:
+        m = c.job(job_id).publish(name)
+    typer.echo(_line(m))
+
+
+@models_app.command("download")
+def download(
+    model_id: Annotated[str, typer.Argument(help="model id")],
+    output: Annotated[Path | None, typer.Option("-o", "--output",
+                                                help="file or folder (default: .)")] = None,
+) -> None:
+    """Download a model's weights file (sha256 checked)."""
+    with _client() as c:
+        path = c.download_model(model_id, output)
+    typer.echo(str(path))

@@ -1,0 +1,82 @@
+"""Model references in jobs: ``model: "<model id>"`` and the page's "started from" line.
+
+Kept apart from the ``/v1/models`` router so the jobs router can use it without a cycle.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.api.problems import Problem
+from service.db.models import Model, User
+from service.settings import Settings
+from service.storage.models import ModelStore
+
+__all__ = ["MODEL_ID", "describe_model_ref", "family_of_path", "model_store",
+           "resolve_model_id", "visible"]
+
+#: a model id as jobs accept it in ``model``.
+MODEL_ID = re.compile(r"m[0-9a-f]{24}")
+
+
+def model_store(settings: Settings) -> ModelStore:
+    """The weights folder of these settings (``settings.model_root``)."""
+    return ModelStore(settings.model_root)
+
+
+def visible(model: Model | None, user: User) -> bool:
+    """True when ``model`` exists and ``user`` owns it or is an admin."""
+    return model is not None and (model.owner_id == user.id or user.is_admin)
+
+
+def resolve_model_id(session: Session, user: User, model_id: str) -> tuple[str, str]:
+    """A job's ``model: "<model id>"`` -> ``(absolute path of the stored file, "<family>-<size>")``.
+
+    Raises:
+        Problem 422 naming ``model``: an unknown model, another user's, or a model whose
+            file is gone.
+    """
+    model = session.get(Model, model_id)
+    if not visible(model, user):
+        raise Problem(422, f"model: model {model_id!r} not found", field="model")
+    if not Path(model.path).is_file():
+        raise Problem(422, f"model: the file of model {model_id} is missing on the server",
+                      field="model")
+    return model.path, f"{model.family}-{model.size}"
+
+
+def family_of_path(session: Session, path: str) -> str | None:
+    """``<family>-<size>`` of a registered model's file path, or None when not registered."""
+    model = session.scalar(select(Model).where(Model.path == path))
+    return None if model is None else f"{model.family}-{model.size}"
+
+
+def describe_model_ref(session: Session, settings: Settings, model: str) -> dict[str, Any]:
+    """Which weights a job started from, for people: ``{"kind": "name"|"model"|"job"|"file",
+    "label": str, "model_id"?: str, "job_id"?: str}``.
+
+    ``model`` is a job's stored ``model``: a family name, a registered model's file, or a
+    checkpoint inside another job's run directory (``<artifact root>/<job>/run/<path>``).
+    """
+    if not model.startswith("/"):
+        return {"kind": "name", "label": model}
+    row = session.scalar(select(Model).where(Model.path == model))
+    if row is not None:
+        return {"kind": "model", "label": f"model {row.id} ({row.name})", "model_id": row.id}
+    path = Path(model)
+    if model_store(settings).owns(path):
+        return {"kind": "model", "label": f"model {path.stem} (deleted)"}
+    try:
+        rel = path.relative_to(settings.artifact_root)
+    except ValueError:
+        return {"kind": "file", "label": model}
+    if len(rel.parts) > 2 and rel.parts[1] == "run":
+        job_id = rel.parts[0]
+        return {"kind": "job", "label": f"job:{job_id}/{Path(*rel.parts[2:]).as_posix()}",
+                "job_id": job_id}
+    return {"kind": "file", "label": model}

@@ -1,0 +1,288 @@
+"""``/v1/models``: a registry of weights files (uploads and published job checkpoints).
+
+A model is a weights file the engine can start from: ``POST /v1/jobs`` accepts its id as
+``model``. Every file is read by ``python -m libreyolo_core.weights inspect`` in a child
+process with a time limit (``torch.load(weights_only=True)``; the API process never imports
+torch), which says its family, size, classes and parameter count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from libreyolo_core.models.registry import ModelNameError, parse_model_name
+from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep
+from service.api.jobs import send_file
+from service.api.model_refs import model_store, visible
+from service.api.problems import Problem
+from service.db.models import ACTIVE, Job, Model, User, new_id
+from service.settings import Settings
+from service.storage.models import WeightsRejected, inspect_in_child
+
+__all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "PublishRequest"]
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+publish_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_NOT_FOUND = {404: {"description": "no such model (or another user's model)"}}
+#: a 422 detail keeps the inspector's reason readable: its first lines, this many characters.
+_DETAIL_CHARS = 600
+
+
+class ModelPublic(BaseModel):
+    """A registered model as the API shows it (no server-side path)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str = Field(description="pass it as a job's `model`")
+    name: str
+    family: str = Field(description="model family, e.g. yolo9")
+    size: str = Field(description="size letter, e.g. t")
+    nc: int = Field(description="classes of the detection head")
+    names: dict[str, str] = Field(description="class id (as a string) -> name")
+    params: int = Field(description="parameter count")
+    sha256: str
+    bytes: int = Field(description="file size in bytes")
+    format: str = Field(description="file layout the inspector recognised, e.g. libreyolo")
+    imgsz: int | None = Field(None, description="training image size stored in the file")
+    source: str = Field(description="upload, or job:<job id> for a published checkpoint")
+    created_at: datetime
+
+
+class ModelsPage(BaseModel):
+    data: list[ModelPublic]
+
+
+class PublishRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "shapes-v1"}]})
+
+    name: str = Field(..., min_length=1, max_length=200, description="the new model's name")
+
+
+def owned_model(model_id: str, user: CurrentUser, session: SessionDep) -> Model:
+    """The model ``model_id`` if the user owns it (or is an admin).
+
+    Raises:
+        Problem 404: no such model, or another user's (the two are indistinguishable).
+    """
+    model = session.get(Model, model_id)
+    if not visible(model, user):
+        raise Problem(404, f"model {model_id!r} not found")
+    return model
+
+
+OwnedModel = Annotated[Model, Depends(owned_model)]
+
+
+def _public(model: Model) -> ModelPublic:
+    return ModelPublic.model_validate(model)
+
+
+def _detail(reason: str) -> str:
+    text = " ".join(reason.split())
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS - 3] + "..."
+
+
+async def _register(session: Session, settings: Settings, *, model_id: str, part: Path,
+                    owner: User, name: str, source: str, field: str) -> Model:
+    """Inspect ``part`` in a child process, then move it to its final place and add the row.
+
+    ``part`` is deleted whatever happens unless it became the model's file.
+
+    Raises:
+        Problem 422 naming ``field``: the inspector refused the file (its reason), timed
+            out, or found a family / size this service does not have.
+    """
+    store = model_store(settings)
+    try:
+        try:
+            info = await anyio.to_thread.run_sync(lambda: inspect_in_child(
+                part, python=settings.engine_python, timeout_s=settings.inspect_timeout_s))
+        except WeightsRejected as exc:
+            raise Problem(422, f"{field}: not a usable weights file: {_detail(str(exc))}",
+                          field=field) from None
+        try:
+            parse_model_name(f"{info['family']}-{info['size']}")
+        except ModelNameError as exc:
+            raise Problem(422, f"{field}: a {info['family']}-{info['size']} model, which this "
+                          f"service cannot train ({exc})", field=field) from None
+        final = store.path(model_id)
+        os.replace(part, final)
+    finally:
+        part.unlink(missing_ok=True)
+    model = Model(id=model_id, owner_id=owner.id, name=name, family=str(info["family"]),
+                  size=str(info["size"]), nc=int(info["nc"]),
+                  names={str(k): str(v) for k, v in (info.get("names") or {}).items()},
+                  params=int(info["params"]), sha256=str(info["sha256"]),
+                  bytes=int(info["bytes"]), format=str(info.get("format") or "unknown"),
+                  imgsz=info.get("imgsz"), source=source, path=str(final))
+    session.add(model)
+    try:
+        session.commit()
+    except BaseException:
+        final.unlink(missing_ok=True)
+        raise
+    return model
+
+
+@router.post(
+    "", status_code=201, response_model=ModelPublic, operation_id="models-upload",
+    openapi_extra={"requestBody": {"content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"}}}, "required": True}},
+    responses={413: {"description": "file larger than max_model_bytes"},
+               422: {"description": "not a weights file this service can use; the detail "
+                     "says why (not a torch file, a pickle that needs code, truncated, a "
+                     "family this service does not have)"}},
+)
+async def upload_model(
+    request: Request, user: CurrentUser, session: SessionDep, settings: SettingsDep,
+    response: Response,
+    name: Annotated[str, Query(min_length=1, max_length=200, description="model name")],
+) -> ModelPublic:
+    """Upload a weights file (request body: the file's bytes), streamed to disk.
+
+    The file is read in a child process with ``torch.load(weights_only=True)`` and a time
+    limit (``inspect_timeout_s``); its family, size, ``nc``, class names, parameter count
+    and sha256 are stored. Nothing is kept when it is refused.
+
+    Raises:
+        413: larger than ``max_model_bytes``.
+        422 (``field: body``): the reason the file cannot be used.
+    """
+    store = model_store(settings)
+    model_id = new_id("m")
+    part = store.incoming(model_id)
+    size = 0
+    try:
+        async with await anyio.open_file(part, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > settings.max_model_bytes:
+                    raise Problem(413, f"upload exceeds {settings.max_model_bytes} bytes "
+                                  "(max_model_bytes)")
+                await f.write(chunk)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    if size == 0:
+        part.unlink(missing_ok=True)
+        raise Problem(422, "body: empty upload (send the weights file as the request body)",
+                      field="body")
+    model = await _register(session, settings, model_id=model_id, part=part, owner=user,
+                            name=name, source="upload", field="body")
+    response.headers["Location"] = f"/v1/models/{model.id}"
+    return _public(model)
+
+
+@router.get("", response_model=ModelsPage, operation_id="models-list")
+def list_models(user: CurrentUser, session: SessionDep) -> ModelsPage:
+    """Your models, newest first (admins see everyone's)."""
+    stmt = select(Model).order_by(Model.id.desc())
+    if not user.is_admin:
+        stmt = stmt.where(Model.owner_id == user.id)
+    return ModelsPage(data=[_public(m) for m in session.scalars(stmt)])
+
+
+@router.get("/{model_id}", response_model=ModelPublic, operation_id="models-get",
+            responses=_NOT_FOUND)
+def get_model(model: OwnedModel) -> ModelPublic:
+    """One model: family, size, classes, parameter count, sha256, source."""
+    return _public(model)
+
+
+@router.get(
+    "/{model_id}/file", operation_id="models-download",
+    responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
+               206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
+)
+def download_model(
+    model: OwnedModel,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+) -> Response:
+    """Download the model's weights file: ``Range`` (206), ``ETag`` (the sha256) and
+    ``If-None-Match`` (304), ``X-Content-SHA256``, as job artifacts.
+
+    Raises:
+        404: no such model, or its file is missing.
+    """
+    file = Path(model.path)
+    if not file.is_file():
+        raise Problem(404, f"the file of model {model.id!r} is missing on the server")
+    return send_file(file, sha256=model.sha256, if_none_match=if_none_match,
+                     filename=f"{_safe_name(model.name)}.pt")
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+
+
+@router.delete("/{model_id}", status_code=204, operation_id="models-delete",
+               responses={**_NOT_FOUND, 409: {"description": "a queued or running job uses it"}})
+def delete_model(model: OwnedModel, session: SessionDep) -> Response:
+    """Delete a model and its file. Finished jobs that started from it keep their results.
+
+    Raises:
+        409: a queued or running job starts from this model (cancel it first).
+    """
+    busy = session.scalar(select(Job.id).where(Job.model == model.path,
+                                               Job.status.in_(("queued", *ACTIVE))))
+    if busy is not None:
+        raise Problem(409, f"model {model.id} is used by job {busy}, which has not finished",
+                      job_id=busy)
+    path = Path(model.path)
+    session.delete(model)
+    session.commit()
+    path.unlink(missing_ok=True)
+    return Response(status_code=204)
+
+
+@publish_router.post(
+    "/{job_id}/publish", status_code=201, response_model=ModelPublic,
+    operation_id="jobs-publish",
+    responses={404: {"description": "no such job (or another user's job)"},
+               409: {"description": "the job has not succeeded, or has no weights/best.pt"}},
+)
+async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
+                      settings: SettingsDep, request: Request, response: Response) -> ModelPublic:
+    """Register a finished job's ``weights/best.pt`` as a model named ``name``.
+
+    The file is copied into the model store (so the model outlives the job's folder) and
+    inspected like an upload; ``source`` is ``job:<job id>``.
+
+    Raises:
+        409: the job has not succeeded, or has no ``weights/best.pt``.
+    """
+    if job.status != "succeeded":
+        raise Problem(409, f"job {job.id} is {job.status}: only a succeeded job can be "
+                      "published", status_now=job.status)
+    best = request.app.state.store.resolve(job.id, "weights/best.pt")
+    if best is None:
+        raise Problem(409, f"job {job.id} has no weights/best.pt")
+    store = model_store(settings)
+    model_id = new_id("m")
+    part = store.incoming(model_id)
+    await anyio.to_thread.run_sync(_link_or_copy, best, part)
+    model = await _register(session, settings, model_id=model_id, part=part,
+                            owner=session.get(User, job.owner_id), name=body.name,
+                            source=f"job:{job.id}", field="job")
+    response.headers["Location"] = f"/v1/models/{model.id}"
+    return _public(model)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link when the two folders share a filesystem, else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

@@ -1,0 +1,49 @@
+"""The models pages: ``/models`` (your registered weights) and ``/models/{id}`` (one model,
+download and delete). Deleting goes through ``DELETE /v1/models/{id}`` (sign-in cookie)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+from sqlalchemy import select
+
+from service.api.deps import SessionDep, SettingsDep
+from service.db.models import Job, Model
+from service.web.pages import _base_context, _render, _to_signin, page_user
+
+__all__ = ["router"]
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/models", response_class=HTMLResponse)
+def models_page(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    """Your models (admins: everyone's), newest first: family, classes, size, source."""
+    user = page_user(request, session, settings)
+    if user is None:
+        return _to_signin(request)
+    stmt = select(Model).order_by(Model.id.desc())
+    if not user.is_admin:
+        stmt = stmt.where(Model.owner_id == user.id)
+    return _render(request, "models.html", {**_base_context(request, user, "models"),
+                                            "models": list(session.scalars(stmt))})
+
+
+@router.get("/models/{model_id}", response_class=HTMLResponse)
+def model_page(model_id: str, request: Request, session: SessionDep, settings: SettingsDep
+               ) -> Response:
+    """One model: what the service read from the file, its jobs, download and delete."""
+    user = page_user(request, session, settings)
+    if user is None:
+        return _to_signin(request)
+    model = session.get(Model, model_id)
+    if model is None or (model.owner_id != user.id and not user.is_admin):
+        return _render(request, "error.html", {
+            **_base_context(request, user, "models"), "title": "Model not found",
+            "message": f"There is no model {model_id} among your models."}, status_code=404)
+    jobs = list(session.scalars(select(Job).where(Job.model == model.path)
+                                .order_by(Job.id.desc()).limit(50)))
+    source_job = model.source.removeprefix("job:") if model.source.startswith("job:") else None
+    return _render(request, "model.html", {**_base_context(request, user, "models"),
+                                           "model": model, "jobs": jobs,
+                                           "source_job": source_job})

@@ -1,0 +1,194 @@
+"""The model registry (``/v1/models``) against a real server, on SQLite and PostgreSQL.
+
+Uploads are read by the engine's weights inspector in a child process; the files here are
+real yolo9-t state dicts in our checkpoint format, and bad files of each kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from testkit import ServerThread, client, make_user, write_weights
+
+from service.db.models import Job, Model
+
+
+class _RunsCode:
+    """Unpickling this calls ``os.system`` (what a malicious checkpoint does)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="session")
+def weights(tmp_path_factory) -> dict[str, Path]:
+    """Weight files: ``good`` (yolo9-t, 2 classes, imgsz 128) and one bad file per kind."""
+    import numpy as np
+    import torch
+
+    folder = tmp_path_factory.mktemp("weights")
+    files = {"good": write_weights(folder / "good.pt")}
+    ckpt = torch.load(files["good"], weights_only=True)
+    files |= {name: folder / f"{name}.pt" for name in
+              ("not_torch", "needs_code", "truncated", "unknown_family", "numpy_meta")}
+    files["not_torch"].write_bytes(b"this is a text file, not a checkpoint\n" * 10)
+    marker = folder / "pwned"
+    torch.save({**ckpt, "evil": _RunsCode(marker)}, files["needs_code"])
+    files["needs_code_marker"] = marker
+    data = files["good"].read_bytes()
+    files["truncated"].write_bytes(data[: len(data) // 2])
+    torch.save({**ckpt, "model_family": "yolov8", "size": "n"}, files["unknown_family"])
+    torch.save({**ckpt, "imgsz": np.int64(128), "best_fitness": np.float64(0.25)},
+                files["numpy_meta"])
+    assert zipfile.is_zipfile(files["good"]) and not zipfile.is_zipfile(files["truncated"])
+    return files
+
+
+@pytest.fixture
+def alice(server, sessions):
+    _, token = make_user(sessions)
+    with client(server.url, token) as c:
+        yield c
+
+
+def _upload(c, path: Path, name: str = "mine"):
+    return c.post("/v1/models", params={"name": name}, content=path.read_bytes(),
+                  headers={"Content-Type": "application/octet-stream"}, timeout=180)
+
+
+def _stored_files(settings) -> list[Path]:
+    return sorted(p for p in Path(settings.model_root).rglob("*") if p.is_file())
+
+
+def test_upload_list_get_download_delete(alice, server, weights):
+    r = _upload(alice, weights["good"], name="shapes v1")
+    assert r.status_code == 201, r.text
+    m = r.json()
+    sha = hashlib.sha256(weights["good"].read_bytes()).hexdigest()
+    assert (m["family"], m["size"], m["nc"]) == ("yolo9", "t", 2)
+    assert m["names"] == {"0": "class0", "1": "class1"} and m["source"] == "upload"
+    assert m["sha256"] == sha and m["bytes"] == weights["good"].stat().st_size
+    assert m["params"] > 1_000_000 and "path" not in m
+    assert r.headers["location"] == f"/v1/models/{m['id']}"
+    assert alice.get(f"/v1/models/{m['id']}").json() == m
+    assert m["id"] in [x["id"] for x in alice.get("/v1/models").json()["data"]]
+
+    f = alice.get(f"/v1/models/{m['id']}/file")
+    assert f.status_code == 200 and hashlib.sha256(f.content).hexdigest() == sha
+    assert f.headers["etag"] == f'"{sha}"' and f.headers["x-content-sha256"] == sha
+    assert 'filename="shapes_v1.pt"' in f.headers["content-disposition"]
+    part = alice.get(f"/v1/models/{m['id']}/file", headers={"Range": "bytes=10-19"})
+    assert part.status_code == 206 and part.content == weights["good"].read_bytes()[10:20]
+    assert alice.get(f"/v1/models/{m['id']}/file",
+                     headers={"If-None-Match": f'"{sha}"'}).status_code == 304
+
+    assert alice.delete(f"/v1/models/{m['id']}").status_code == 204
+    assert alice.get(f"/v1/models/{m['id']}").status_code == 404
+    assert not any(m["id"] in p.name for p in _stored_files(server.app.state.settings))
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("not_torch", "cannot be loaded"),
+    ("needs_code", "needs code"),
+    ("truncated", "cannot be loaded"),
+    ("unknown_family", "yolov8"),
+])
+def test_bad_upload_is_422_naming_the_reason_and_stores_nothing(
+        alice, server, sessions, weights, kind, words):
+    settings = server.app.state.settings
+    before = _stored_files(settings)
+    with sessions() as s:
+        rows = s.query(Model).count()
+    r = _upload(alice, weights[kind], name=kind)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    problem = r.json()
+    assert problem["field"] == "body" and words in problem["detail"], problem
+    assert str(settings.model_root) not in problem["detail"]
+    assert _stored_files(settings) == before
+    assert not list((Path(settings.model_root) / "incoming").iterdir())
+    with sessions() as s:
+        assert s.query(Model).count() == rows
+    assert not weights["needs_code_marker"].exists()
+
+
+@pytest.mark.xfail(strict=True, reason="the inspector on this branch refuses numpy scalars; "
+                   "helper A's readers accept them (remove this marker when merged)")
+def test_numpy_scalars_in_metadata_are_accepted(alice, weights):
+    """LibreYOLO 1.x and upstream files carry numpy scalars (``best_fitness``); they load
+    through explicit safe globals (needs helper A's weights readers)."""
+    r = _upload(alice, weights["numpy_meta"], name="np")
+    assert r.status_code == 201, r.text
+    assert r.json()["imgsz"] == 128
+
+
+def test_upload_cap_time_limit_and_empty_body(server, sessions, weights, tmp_path):
+    from service.app import create_app
+
+    small = server.app.state.settings.model_copy(update={"max_model_bytes": 1000,
+                                                        "inspect_timeout_s": 0.05})
+    srv = ServerThread(create_app(small)).start()
+    try:
+        _, token = make_user(sessions)
+        with client(srv.url, token) as c:
+            r = _upload(c, weights["good"])
+            assert r.status_code == 413 and "max_model_bytes" in r.json()["detail"]
+            r = _upload(c, weights["not_torch"])  # 380 bytes: under the cap, over the time
+            assert r.status_code == 422 and "longer than 0.05 s" in r.json()["detail"]
+            empty = c.post("/v1/models", params={"name": "x"}, content=b"")
+            assert empty.status_code == 422 and "empty" in empty.json()["detail"]
+            assert c.post("/v1/models", content=b"x").json()["field"] == "name"
+        assert not list((Path(small.model_root) / "incoming").iterdir())
+    finally:
+        srv.stop()
+
+
+def test_another_user_cannot_see_or_use_a_model(server, sessions, weights, data_yaml):
+    _, alice_token = make_user(sessions)
+    _, bob_token = make_user(sessions)
+    _, admin_token = make_user(sessions, admin=True)
+    with client(server.url, alice_token) as a, client(server.url, bob_token) as b, \
+            client(server.url, admin_token) as admin:
+        m = _upload(a, weights["good"]).json()
+        for path in (f"/v1/models/{m['id']}", f"/v1/models/{m['id']}/file"):
+            assert b.get(path).status_code == 404
+        assert b.delete(f"/v1/models/{m['id']}").status_code == 404
+        assert m["id"] not in [x["id"] for x in b.get("/v1/models").json()["data"]]
+        job = {"model": m["id"], "data": data_yaml, "gpus": 0,
+               "params": {"epochs": 1, "imgsz": 64, "batch": 2}}
+        r = b.post("/v1/jobs", json=job)
+        assert r.status_code == 422 and r.json()["field"] == "model", r.text
+        assert "not found" in r.json()["detail"]
+        assert admin.get(f"/v1/models/{m['id']}").status_code == 200
+
+        # the owner's job resolves the id to the stored file, with the model's family rules
+        ok = a.post("/v1/jobs", json=job)
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["model"] == str(Path(server.app.state.settings.model_root)
+                                         / f"{m['id']}.pt")
+        bad = a.post("/v1/jobs", json={**job, "params": {"imgsz": 65}})
+        assert bad.status_code == 422 and bad.json()["field"] == "params.imgsz"
+        # a model a queued job starts from cannot be deleted
+        busy = a.delete(f"/v1/models/{m['id']}")
+        assert busy.status_code == 409 and ok.json()["id"] in busy.json()["detail"]
+        with sessions() as s:
+            s.get(Job, ok.json()["id"]).status = "cancelled"
+            s.commit()
+        assert a.delete(f"/v1/models/{m['id']}").status_code == 204
+
+
+def test_publish_refuses_unfinished_jobs(alice, data_yaml):
+    job = alice.post("/v1/jobs", json={"model": "yolo9-t", "data": data_yaml, "gpus": 0,
+                                       "params": {"epochs": 1, "imgsz": 64, "batch": 2}}).json()
+    r = alice.post(f"/v1/jobs/{job['id']}/publish", json={"name": "too soon"})
+    assert r.status_code == 409 and "queued" in r.json()["detail"]
+    assert alice.post(f"/v1/jobs/{job['id']}/publish", json={}).status_code == 422
+    assert alice.post("/v1/jobs/j000000000000000000000000/publish",
+                      json={"name": "x"}).status_code == 404
