@@ -62,6 +62,7 @@ def inspect_in_child(path: Path, *, python: str, timeout_s: float) -> dict[str, 
     """
     import libreyolo_core
 
+    _check_magic(path)
     env = dict(os.environ)
     root = str(Path(libreyolo_core.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
@@ -84,6 +85,24 @@ def inspect_in_child(path: Path, *, python: str, timeout_s: float) -> dict[str, 
     tail = (proc.stderr.strip().splitlines() or [last or "no output"])[-1]
     raise WeightsRejected(f"the weights inspector failed (exit {proc.returncode}): "
                           f"{_reason(tail, path)}")
+
+
+#: a torch file begins as a zip archive (``torch.save`` since 1.6) or as a pickle (the
+#: legacy format, protocol 2 and up: opcode PROTO = 0x80).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_magic(path: Path) -> None:
+    """Refuse, without starting a child, a file that cannot be a torch file at all.
+
+    Raises:
+        WeightsRejected: the first bytes are neither a zip header nor a pickle header.
+    """
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if not head.startswith(_TORCH_MAGIC):
+        raise WeightsRejected("not a torch file: it is neither a zip archive (torch.save) nor "
+                              "a pickle (the legacy format)")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
