@@ -51,7 +51,7 @@ def test_sdk_upload_list_download_publish_delete(client, stack, data_yaml, weigh
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValidationError) as err:
         client.upload_model(bad)
-    assert err.value.field == "body" and "cannot be loaded" in err.value.detail
+    assert err.value.field == "body" and "not a torch file" in err.value.detail
     client.delete_model(m.id)
     with pytest.raises(NotFound):
         client.model(m.id)
