@@ -36,16 +36,16 @@ def _numpy_safe_globals() -> list[Any]:
 
 
 def pickled_globals(path: Path) -> list[str]:
-    """The ``module.name`` globals a torch zip file's pickle refers to, read with
-    :mod:`pickletools` (which decodes opcodes and executes nothing). Empty when the file is
-    not a torch zip."""
+    """The ``module.name`` globals a torch file's pickle refers to, read with
+    :mod:`pickletools` (which decodes opcodes and executes nothing): the ``data.pkl`` of a
+    torch zip file, or the file itself for a legacy (non-zip) pickle."""
     try:
         with zipfile.ZipFile(path) as zf:
             name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
-            if name is None:
-                return []
-            data = zf.read(name)
-    except (zipfile.BadZipFile, OSError):
+            data = zf.read(name) if name is not None else b""
+    except zipfile.BadZipFile:
+        data = path.read_bytes()[: 64 << 20]
+    except OSError:
         return []
     found: list[str] = []
     strings: list[str] = []
@@ -57,27 +57,30 @@ def pickled_globals(path: Path) -> list[str]:
                 found.append(str(arg).replace(" ", "."))
             elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 found.append(f"{strings[-2]}.{strings[-1]}")
-    except Exception:  # noqa: BLE001 - a damaged pickle: report what was read so far
+    except Exception:  # noqa: BLE001 - not a pickle, or a damaged one: report what was read
         pass
     return sorted(set(found))
 
 
+_ALLOWED = ("torch.", "numpy.", "collections.OrderedDict", "_codecs.encode")
+
+
 def _refusal(path: Path, exc: Exception) -> CheckpointError:
-    names = pickled_globals(path)
-    foreign = [g for g in names if not g.startswith(("torch.", "collections.", "numpy.", "builtins.",
-                                                     "_codecs."))]
+    foreign = [g for g in pickled_globals(path) if not g.startswith(_ALLOWED)]
     if any(g.startswith("ultralytics.") for g in foreign):
         return CheckpointError(
-            f"{path}: an Ultralytics checkpoint; it stores the model as a pickled Python object "
-            f"({', '.join(foreign[:3])}), and opening it would run Ultralytics code, which we never "
-            "do. Export its weights as a plain state_dict (torch.save(model.state_dict(), ...)) from "
-            "a trusted environment, or start from a LibreYOLO / upstream YOLOv9 / Megvii YOLOX file")
+            f"{path}: an Ultralytics checkpoint, which cannot be loaded safely: it stores the model "
+            f"as a pickled Python object ({', '.join(foreign[:3])}), and opening it would run "
+            "Ultralytics code, which we never do. Export its weights as a plain state_dict "
+            "(torch.save(model.state_dict(), ...)) in a trusted environment, or start from a "
+            "LibreYOLO / upstream YOLOv9 / Megvii YOLOX file")
     if foreign:
         return CheckpointError(
-            f"{path}: needs code to unpickle ({', '.join(foreign[:5])}); weights files are loaded "
-            "with torch.load(weights_only=True), which holds only tensors and plain values")
-    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    return CheckpointError(f"{path}: not a readable torch weights file ({type(exc).__name__}: {detail})")
+            f"{path}: cannot be loaded safely: it needs code to unpickle ({', '.join(foreign[:5])}); "
+            "weights files are read with torch.load(weights_only=True): tensors and plain values only")
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return CheckpointError(f"{path}: not a readable torch weights file, truncated or damaged "
+                           f"({type(exc).__name__}: {detail})")
 
 
 def read_torch_file(path: str | Path) -> Any:
