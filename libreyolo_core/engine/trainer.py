@@ -55,10 +55,12 @@ from libreyolo_core.engine.checkpoint import CheckpointError, lean_state, load_c
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
+from libreyolo_core.engine.freeze import freeze_modules, keep_frozen_eval
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
 from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.weights.transfer import compact_names
 
 __all__ = ["Trainer", "TrainingInterrupted", "NonFiniteLossError", "fitness"]
 
@@ -215,6 +217,10 @@ class Trainer:
             arch = self.family.arch_from_state(ckpt.get("train_model", ckpt["model"])) if ckpt else {}
             self.model = self.family.build_model(self.size, self.nc, **arch)
         self.model.to(self.device)
+        self.frozen = freeze_modules(self.model, cfg.freeze)
+        if self.frozen and main:
+            log.info("freeze: %d modules keep their weights and BatchNorm statistics: %s", len(self.frozen),
+                     ", ".join(compact_names(self.frozen)))
         self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
         self.batch = self._resolve_batch()
         self.rank_batch = per_rank_batch(self.batch, self.dist.world_size)
@@ -539,6 +545,7 @@ class Trainer:
         cfg, device, amp = self.cfg, self.device, self.amp
         model, loader = self.model, self.train_loader
         model.train()
+        keep_frozen_eval(unwrap(model), self.frozen)
         self.train_set.set_epoch(epoch)
         loader.sampler.set_epoch(epoch)
         nb = len(loader)
