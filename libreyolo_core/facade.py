@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from libreyolo_core.config import resolve_config
 from libreyolo_core.data.config import is_image_file

@@ -51,7 +51,12 @@ from libreyolo_core.distributed.context import (
     mean_normalizer,
 )
 from libreyolo_core.engine.amp import resolve_amp
-from libreyolo_core.engine.checkpoint import CheckpointError, lean_state, load_checkpoint, save_checkpoint
+from libreyolo_core.engine.checkpoint import (
+    CheckpointError,
+    lean_state,
+    load_checkpoint,
+    save_checkpoint,
+)
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.profiler import verdict as V
-from libreyolo_core.profiler.analysis import TOP_KERNELS, TRACE_NAME, analyze_trace, load_trace, order_phases
+from libreyolo_core.profiler.analysis import (
+    TOP_KERNELS,
+    TRACE_NAME,
+    analyze_trace,
+    load_trace,
+    order_phases,
+)
 
 __all__ = [
     "SCHEMA",

@@ -144,7 +144,7 @@ def _to_upstream(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             rest = ["conv", *rest[1:]]
         else:
             new = []
-            for i, p in enumerate(rest):
+            for p in rest:
                 if p == "m":
                     new.append("bottleneck")
                 elif p.startswith("cv") and p[2:].isdigit():

@@ -16,7 +16,7 @@ import torch
 from libreyolo_core.engine.checkpoint import CheckpointError, lean_state, save_checkpoint
 from libreyolo_core.models.yolo9 import build_model as build_yolo9
 from libreyolo_core.models.yolox import build_model as build_yolox
-from libreyolo_core.weights import compact_names, inspect_weights, load_weights, transfer_weights
+from libreyolo_core.weights import compact_names, load_weights, transfer_weights
 from libreyolo_core.weights.names import to_libreyolo
 
 
