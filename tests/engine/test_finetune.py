@@ -16,15 +16,16 @@ from libreyolo_core.data.sample import generate_sample_dataset
 
 # no augmentation, one step per epoch, validation only at the end: the test measures what the
 # weights bring, in as few CPU steps as it can
-TINY = dict(imgsz=96, batch=8, workers=0, warmup_epochs=1, no_aug_epochs=0, seed=0, mosaic=0.0, mixup=0.0,
+TINY = dict(imgsz=64, batch=4, workers=0, warmup_epochs=1, no_aug_epochs=0, seed=0, mosaic=0.0, mixup=0.0,
             hsv_prob=0.0, fliplr=0.0, scale=0.0, translate=0.0, degrees=0.0, shear=0.0, eval_interval=1000,
             save_period=0)
 
 
 def _datasets(root: Path) -> tuple[Path, Path]:
-    """8 synthetic images (4 classes), validated on themselves, and a relabelled copy with
-    3 classes (crosses become squares)."""
-    generate_sample_dataset(root / "pre", n_train=8, n_val=0, imgsz=96, seed=0)
+    """16 synthetic 64-pixel images (4 classes), validated on themselves, and a relabelled copy
+    with 3 classes (crosses become squares)."""
+    root = root / "data"
+    generate_sample_dataset(root / "pre", n_train=16, n_val=0, imgsz=64, seed=0)
     names = {0: "circle", 1: "square", 2: "triangle", 3: "cross"}
     (root / "pre" / "data.yaml").write_text(yaml.safe_dump(
         {"path": str(root / "pre"), "train": "images/train", "val": "images/train", "names": names}))
@@ -39,22 +40,19 @@ def _datasets(root: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="measured on the 2-core box (OMP_NUM_THREADS=1, 177 s): after 60 "
-                   "one-batch steps the pre-trained yolo9-t still scores mAP50 0.0 in eval mode (train-mode "
-                   "box loss 7.3 -> 0.9), so fine-tuned and scratch both end at 0.0; the schedule needs "
-                   "retuning on a free machine. The transfer line and the names are checked before this.")
 def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
     pre_data, ft_data = _datasets(tmp_path)
-    pre = LibreYOLO("yolo9-t").train(data=pre_data, epochs=60, project=tmp_path, name="pre", **TINY)
+    # measured (2-core box, OMP_NUM_THREADS=1): pre-train mAP50 0.71, fine-tuned 0.50, scratch 0.0
+    pre = LibreYOLO("yolo9-t").train(data=pre_data, epochs=40, project=tmp_path, name="pre", **TINY)
     with caplog.at_level(logging.INFO, logger="libreyolo_core.facade"):
         tuned_model = LibreYOLO(pre["best_checkpoint"])
-        tuned = tuned_model.train(data=ft_data, epochs=12, project=tmp_path, name="ft", **TINY)
-    scratch = LibreYOLO("yolo9-t").train(data=ft_data, epochs=12, project=tmp_path, name="scratch", **TINY)
+        tuned = tuned_model.train(data=ft_data, epochs=10, project=tmp_path, name="ft", **TINY)
+    scratch = LibreYOLO("yolo9-t").train(data=ft_data, epochs=10, project=tmp_path, name="scratch", **TINY)
     line = next(r.getMessage() for r in caplog.records if "transferred" in r.getMessage())
     assert line == ("class count 4 -> 3: transferred 1332 of 1338 tensors; "
                     "re-initialised: head.cls.{0,1,2}.2.{bias,weight}")
     assert tuned_model.names == {0: "round", 1: "boxy", 2: "pointy"}  # names from the new dataset
-    assert tuned["mAP50"] > scratch["mAP50"] + 0.05, (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
+    assert tuned["mAP50"] > scratch["mAP50"] + 0.2, (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
 
 
 def test_freeze_keeps_weights_and_batchnorm_statistics(tmp_path):
