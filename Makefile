@@ -17,19 +17,23 @@ BATCH ?= 8
 THREADS ?= 1
 PROFILE ?= 1
 WAIT ?= 1
+LIBREYOLO_REF := 1.6.0
 
 .PHONY: setup test test-fast demo bench lint clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch/torchvision from the configured index. The torch 2.14.1 wheel there is the CUDA
 	# build: pip also installs ~15 nvidia-* wheels and triton (several GB) even on a machine
 	# without a GPU. No CPU-only 2.14.1 wheel is reachable from this machine's indexes
 	# (checked with `pip install --dry-run torch==2.14.1`).
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e '.[dev,ref]'
+	# test-only reference library: without its dependencies (it pins opencv-python, which
+	# clashes with our opencv-python-headless); what it imports is in the `ref` extra
+	$(BIN)/pip install --no-deps libreyolo==$(LIBREYOLO_REF)
 	touch $(STAMP)
 
 test: setup

@@ -138,10 +138,10 @@ def cmd_train(keys: dict[str, Any]) -> int:
         keys = {**merged, **keys}
     from libreyolo_core.distributed.batch import per_rank_batch
     from libreyolo_core.distributed.context import torchrun_env
-    from libreyolo_core.facade import LibreYOLO
+    from libreyolo_core.facade import LibreYOLO, is_weights_path
 
     model = keys.pop("model", None) or "yolo9-t"
-    if str(model).endswith(".pt") or Path(str(model)).is_file():  # fine-tune a checkpoint
+    if is_weights_path(model):  # fine-tune from a weights file
         yolo = LibreYOLO(model)
         cfg = resolve_config({**keys, "model": yolo.name})
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -142,6 +143,9 @@ class TrainConfig(BaseModel):
     patience: int = Field(50, ge=0, description="stop after N epochs without a better fitness; 0 off")
     resume: bool | str = Field(False, description="True (latest run) or path to last.pt")
     log_interval: int = Field(10, ge=1, description="steps between progress events")
+    freeze: int | list[str] | None = Field(
+        None, description="keep weights and BatchNorm statistics fixed: a count of leading "
+        "blocks (freeze=10) or module names (freeze=backbone or [backbone, neck.up1])")
 
     # -- field-level normalisation ---------------------------------------------------
     @field_validator("model", mode="before")
@@ -186,6 +190,30 @@ class TrainConfig(BaseModel):
         if key not in CACHE_MODES:
             raise ValueError("must be false, ram or disk")
         return CACHE_MODES[key]
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _freeze(cls, v: Any) -> Any:
+        if v is None or v is False or (isinstance(v, str) and v.strip().lower() in ("", "none", "false")):
+            return None
+        if isinstance(v, bool):
+            raise ValueError("must be a count of leading blocks or a list of module names")
+        if isinstance(v, str):
+            text = v.strip().strip("[]")
+            if text.isdigit():
+                return int(text)
+            v = [p.strip().strip("'\"") for p in text.split(",")]
+        if isinstance(v, int):
+            if v < 0:
+                raise ValueError("a count of leading blocks must be >= 0")
+            return v or None
+        if isinstance(v, list | tuple):
+            names = [str(p).strip() for p in v]
+            bad = [p for p in names if not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w]+)*", p)]
+            if not names or bad:
+                raise ValueError(f"module names must be dotted names like backbone or neck.up1, got {bad or v}")
+            return names
+        return v
 
     @field_validator("scale", "mixup_scale", mode="before")
     @classmethod

@@ -3,6 +3,8 @@
     model = LibreYOLO("yolo9-t")                      # from the registry
     model.train(data="coco128.yaml", epochs=3, imgsz=320)
     model = LibreYOLO("runs/train/exp/weights/best.pt")  # from a checkpoint
+    model = LibreYOLO("yolox_s.pth")                  # or published weights (LibreYOLO 1.x,
+                                                      # upstream YOLOv9, Megvii YOLOX)
     results = model.predict("images/", conf=0.25)
 """
 
@@ -16,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from libreyolo_core.config import resolve_config
 from libreyolo_core.data.config import is_image_file
@@ -25,8 +26,10 @@ from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.models.registry import get_family, load_family, parse_model_name
+from libreyolo_core.weights.load import LoadedWeights, load_weights
+from libreyolo_core.weights.transfer import transfer_weights
 
-__all__ = ["LibreYOLO", "Prediction"]
+__all__ = ["LibreYOLO", "Prediction", "is_weights_path"]
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +59,37 @@ class Prediction:
         return len(self.scores)
 
 
-def _transfer(dst: nn.Module, state: dict[str, torch.Tensor]) -> int:
-    """Copy every tensor of ``state`` whose name and shape match ``dst``; returns the count."""
-    own = dst.state_dict()
-    keep = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    dst.load_state_dict(keep, strict=False)
-    return len(keep)
+def is_weights_path(model: str | Path) -> bool:
+    """True when ``model`` names a weights file (``.pt`` / ``.pth`` or an existing file)
+    rather than a registry name like ``yolo9-t``."""
+    text = str(model)
+    return text.endswith((".pt", ".pth")) or Path(text).is_file()
 
 
 class LibreYOLO:
     """A detector of a registered family, built from a name or from a checkpoint.
 
     Args:
-        model: ``"yolo9-t"`` (family-size) or a path to a ``.pt`` checkpoint of ours
-            (loaded with ``weights_only=True``).
+        model: ``"yolo9-t"`` (family-size) or a path to a weights file: ours, LibreYOLO
+            1.x, the upstream YOLOv9 release or Megvii's YOLOX (read with
+            ``weights_only=True`` by :func:`~libreyolo_core.weights.load_weights`).
         nc: number of classes of a freshly built model (training re-syncs it from the data).
         names: class names of a freshly built model.
+        expect: with a weights file, the model you meant (``"yolo9-t"``): another family
+            or size in the file gets one log line naming both (the file's model is used).
 
     Raises:
-        ModelNameError: unknown model name. CheckpointError: bad checkpoint file.
+        ModelNameError: unknown model name. CheckpointError: bad or unsafe weights file.
     """
 
-    def __init__(self, model: str | Path = "yolo9-t", nc: int = 80, names: dict[int, str] | None = None):
+    def __init__(self, model: str | Path = "yolo9-t", nc: int = 80, names: dict[int, str] | None = None,
+                 expect: str | None = None):
         self.checkpoint: Path | None = None
-        text = str(model)
-        if text.endswith(".pt") or Path(text).is_file():
-            self._adopt(load_checkpoint(text), Path(text))
+        self.weights_format: str | None = None
+        if is_weights_path(model):
+            self._adopt(load_weights(model, expect=expect))
         else:
+            text = str(model)
             self.spec, self.size = parse_model_name(text)
             self.family = load_family(self.spec)
             self.nc = nc
@@ -92,15 +99,14 @@ class LibreYOLO:
         self.name = f"{self.spec.name}-{self.size}"
         self.model.eval()
 
-    def _adopt(self, ckpt: dict[str, Any], path: Path) -> None:
-        """Become the model stored in ``ckpt`` (family, size, classes, EMA weights)."""
-        self.spec, self.size = get_family(ckpt["model_family"]), ckpt["size"]
+    def _adopt(self, weights: LoadedWeights) -> None:
+        """Become the model stored in ``weights`` (family, size, classes, weights)."""
+        self.spec, self.size = get_family(weights.family), weights.size
         self.family = load_family(self.spec)
-        self.nc, self.names = int(ckpt["nc"]), dict(ckpt["names"])
-        self.model = self.family.build_model(self.size, self.nc)
-        self.model.load_state_dict(ckpt["model"])
-        self.imgsz = int(ckpt.get("imgsz", 640))
-        self.checkpoint = path
+        self.nc, self.names = weights.nc, dict(weights.names)
+        self.model = weights.build()
+        self.imgsz = weights.imgsz or self.spec.default_imgsz[self.size]
+        self.checkpoint, self.weights_format = weights.path, weights.format
         self.name = f"{self.spec.name}-{self.size}"
 
     def __repr__(self) -> str:
@@ -147,7 +153,7 @@ class LibreYOLO:
             if (ckpt["model_family"], ckpt["size"]) != (self.spec.name, self.size):
                 log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
                          ckpt["size"])
-                self._adopt(ckpt, path)
+                self._adopt(load_weights(path))
             if data is None:
                 data = ckpt.get("config", {}).get("data") or ""
         if data is None:
@@ -159,9 +165,13 @@ class LibreYOLO:
             torch.manual_seed(cfg.seed)
             self.model, self.nc = self.family.build_model(self.size, len(names)), len(names)
         elif len(names) != self.nc:
-            fresh = self.family.build_model(self.size, len(names))
-            kept = _transfer(fresh, self.model.state_dict())
-            log.info("class count %d -> %d: rebuilt the head, kept %d tensors", self.nc, len(names), kept)
+            # fresh class layers under the run's seed; the rest (and the class-tower width)
+            # come from the weights
+            source = self.model.state_dict()
+            torch.manual_seed(cfg.seed)
+            fresh = self.family.build_model(self.size, len(names), **self.family.arch_from_state(source))
+            report = transfer_weights(fresh, source)
+            log.info("class count %d -> %d: %s", self.nc, len(names), report.summary())
             self.model, self.nc = fresh, len(names)
         self.names = dict(names)
         devices = parse_devices(cfg.device)

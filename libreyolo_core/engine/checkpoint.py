@@ -1,10 +1,17 @@
 """Checkpoints: one dict of tensors and plain values, safe for ``torch.load(weights_only=True)``.
 
-Keys (schema ``1``): ``schema_version``, ``libreyolo_version``, ``model_family``, ``size``,
-``task``, ``nc``, ``names`` ({id: name}), ``imgsz``, ``model`` (EMA weights when EMA is on,
-else the raw weights), and for resuming: ``train_model`` (raw weights), ``ema_updates``,
-``optimizer``, ``scaler``, ``epoch`` (0-based, last finished), ``best_fitness``,
-``best_epoch`` (1-based), ``config`` (the resolved TrainConfig), ``torch_rng``.
+Keys (schema ``1.0``, LibreYOLO 1.x's metadata schema, so LibreYOLO 1.6.0 loads our files):
+``schema_version``, ``libreyolo_version``, ``model_family``, ``size``, ``task``, ``nc``,
+``names`` ({id: name}), ``imgsz``, ``model`` (EMA weights when EMA is on, else the raw
+weights), and for resuming (``last.pt`` only): ``train_model`` (raw weights),
+``ema_updates``, ``optimizer``, ``scaler``, ``epoch`` (0-based, last finished),
+``best_fitness``, ``best_epoch`` (1-based), ``config`` (the resolved TrainConfig),
+``torch_rng``. A lean checkpoint (:func:`lean_state`, ``best.pt``) keeps the metadata and
+``model`` in float16 only.
+
+Tensor names in the file are LibreYOLO's (for YOLOv9 they differ from our module names;
+:mod:`libreyolo_core.weights.names`): :func:`save_checkpoint` renames on the way out,
+:func:`load_checkpoint` back on the way in, so the rest of the engine sees its own names.
 Writes are atomic: a temp file in the same folder, then ``os.replace``.
 """
 
@@ -17,18 +24,38 @@ from typing import Any
 
 import torch
 
-__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "lean_state", "CheckpointError"]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1.0"
 REQUIRED = ("model", "model_family", "size", "nc", "names")
+STATE_KEYS = ("model", "train_model")  # state dicts stored under LibreYOLO's names
+RESUME_KEYS = ("train_model", "ema_updates", "optimizer", "scaler", "epoch", "best_fitness", "best_epoch",
+               "best_metrics", "nonfinite_skipped", "history", "config", "torch_rng")
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, unreadable or lacks required keys."""
 
 
+def lean_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The inference part of a checkpoint ``state``: its metadata and ``model`` (the EMA
+    weights) in float16, without the training state (about 4 MB for yolo9-t instead of 25).
+    Loading casts back to float32."""
+    lean = {k: v for k, v in state.items() if k not in RESUME_KEYS}
+    lean["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
+    return lean
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write ``state`` to ``path`` atomically (temp file + rename); returns the path."""
+    """Write ``state`` to ``path`` atomically (temp file + rename); returns the path.
+
+    ``model`` and ``train_model`` are written under LibreYOLO's tensor names for the
+    checkpoint's ``model_family``."""
+    from libreyolo_core.weights.names import to_libreyolo
+
+    family = str(state.get("model_family", ""))
+    state = {k: to_libreyolo(family, v) if k in STATE_KEYS and isinstance(v, dict) else v
+             for k, v in state.items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -47,23 +74,30 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True`` (no arbitrary code from the file).
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load one of our (or a LibreYOLO 1.x) checkpoints with ``weights_only=True``: the dict
+    with ``model`` / ``train_model`` under our tensor names and in float32. Used to resume;
+    any other weights file goes through :func:`libreyolo_core.weights.load_weights`.
 
     Raises:
-        CheckpointError: missing file, not a LibreYOLO checkpoint, or missing keys.
+        CheckpointError: missing file, unsafe or unreadable, not a LibreYOLO checkpoint, or
+            missing keys.
     """
+    from libreyolo_core.weights.names import to_ours
+    from libreyolo_core.weights.reader import plain, read_torch_file
+
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise CheckpointError(f"{path}: cannot be loaded safely ({type(exc).__name__}: {exc})") from exc
+    ckpt = read_torch_file(path)
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path}: not a LibreYOLO checkpoint (a {type(ckpt).__name__})")
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: not a LibreYOLO checkpoint, missing keys {missing}")
+    ckpt = {k: v if k in STATE_KEYS or k in ("optimizer", "scaler", "torch_rng") else plain(v)
+            for k, v in ckpt.items()}
+    for key in STATE_KEYS:
+        if isinstance(ckpt.get(key), dict):
+            ckpt[key] = {k: v.float() if v.is_floating_point() else v
+                         for k, v in to_ours(str(ckpt["model_family"]), ckpt[key]).items()}
     ckpt["names"] = {int(k): str(v) for k, v in ckpt["names"].items()}
     return ckpt

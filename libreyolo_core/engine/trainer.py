@@ -51,14 +51,21 @@ from libreyolo_core.distributed.context import (
     mean_normalizer,
 )
 from libreyolo_core.engine.amp import resolve_amp
-from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from libreyolo_core.engine.checkpoint import (
+    CheckpointError,
+    lean_state,
+    load_checkpoint,
+    save_checkpoint,
+)
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
+from libreyolo_core.engine.freeze import freeze_modules, keep_frozen_eval
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
 from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.weights.transfer import compact_names
 
 __all__ = ["Trainer", "TrainingInterrupted", "NonFiniteLossError", "fitness"]
 
@@ -223,8 +230,14 @@ class Trainer:
         # model (DDP broadcasts rank 0's weights when it wraps the model below)
         # a resumed run takes every weight from its checkpoint: build its own model
         if self.model is None or ckpt is not None or getattr(unwrap(self.model), "nc", self.nc) != self.nc:
-            self.model = self.family.build_model(self.size, self.nc)
+            # a resumed model keeps the head widths it was trained with (YOLOv9's class tower)
+            arch = self.family.arch_from_state(ckpt.get("train_model", ckpt["model"])) if ckpt else {}
+            self.model = self.family.build_model(self.size, self.nc, **arch)
         self.model.to(self.device)
+        self.frozen = freeze_modules(self.model, cfg.freeze)
+        if self.frozen and main:
+            log.info("freeze: %d modules keep their weights and BatchNorm statistics: %s", len(self.frozen),
+                     ", ".join(compact_names(self.frozen)))
         self.amp = resolve_amp(cfg.amp, cfg.amp_dtype, self.device)
         self.batch = self._resolve_batch()
         self.rank_batch = per_rank_batch(self.batch, self.dist.world_size)
@@ -412,9 +425,8 @@ class Trainer:
         weights = self.run_dir / "weights"
         last = save_checkpoint(state, weights / "last.pt")
         self.events.emit("artifact", path="weights/last.pt", kind="checkpoint")
-        if is_best:
-            shutil.copyfile(last, weights / ".best.pt.tmp")
-            os.replace(weights / ".best.pt.tmp", weights / "best.pt")
+        if is_best:  # lean: the EMA weights in float16 and the metadata, no training state
+            save_checkpoint(lean_state(state), weights / "best.pt")
             self.events.emit("artifact", path="weights/best.pt", kind="checkpoint")
         if periodic and self.cfg.save_period and (epoch + 1) % self.cfg.save_period == 0:
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
@@ -554,6 +566,7 @@ class Trainer:
         cfg, device, amp = self.cfg, self.device, self.amp
         model, loader = self.model, self.train_loader
         model.train()
+        keep_frozen_eval(unwrap(model), self.frozen)
         self.train_set.set_epoch(epoch)
         loader.sampler.set_epoch(epoch)
         nb = len(loader)

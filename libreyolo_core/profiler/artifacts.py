@@ -2,7 +2,8 @@
 
 Files written into the run directory (reference A.4):
 
-- ``profile_trace.json`` — the raw ``torch.profiler`` Chrome trace (moved there by the window).
+- ``profile_trace.json.gz`` — the raw ``torch.profiler`` Chrome trace, gzip-compressed (written
+  there by the window; Perfetto opens it as is).
 - ``profile_summary.json`` — ``meta``, ``window``, ``real`` (unsynced figures),
   ``composition_ms`` (synced per-phase means), ``bound``, ``bound_why``, ``trace``,
   ``analysis`` (the headline trace figures).
@@ -22,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.profiler import verdict as V
-from libreyolo_core.profiler.analysis import TOP_KERNELS, analyze_trace, load_trace, order_phases
+from libreyolo_core.profiler.analysis import (
+    TOP_KERNELS,
+    TRACE_NAME,
+    analyze_trace,
+    load_trace,
+    order_phases,
+)
 
 __all__ = [
     "SCHEMA",
@@ -330,7 +337,7 @@ def write_artifacts(
         analysis=analysis,
         device_type=prof.device.type,
         peak_vram_mb=prof.peak_vram_mb,
-        trace="profile_trace.json" if trace_path is not None else None,
+        trace=TRACE_NAME if trace_path is not None else None,
         trace_error=trace_error,
         steps=steps,
     )
@@ -344,12 +351,13 @@ def write_artifacts(
         "profile_summary.json": "profile",
     }
     if trace_path is not None:
-        artifacts["profile_trace.json"] = "trace"
+        artifacts[TRACE_NAME] = "trace"
     return profile, artifacts
 
 
 def profile_from_trace(path: str | Path) -> dict[str, Any]:
-    """Build a profile from a raw ``profile_trace.json`` (readers accept one).
+    """Build a profile from a raw trace, ``profile_trace.json.gz`` or a plain ``.json``
+    (readers accept one).
 
     A sibling ``profile_summary.json`` supplies the unsynced figures and meta; without it the
     step time and data wait are estimated from the trace (window wall / steps and the

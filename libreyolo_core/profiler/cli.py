@@ -5,7 +5,7 @@ field or phase (the message lists the valid ones); 3 ``run`` produced no profile
 dataset cannot fill the window (the message names the three ways out).
 
 Readers accept a ``profile.json`` (schema ``libreyolo.profile...``), a ``profile_repeat.json``,
-a raw ``profile_trace.json`` (analysed on the fly, with a sibling ``profile_summary.json`` if
+a raw ``profile_trace.json.gz`` or plain ``.json`` trace (analysed on the fly, with a sibling ``profile_summary.json`` if
 present) or a directory holding ``profile.json``. Every subcommand takes ``--json``.
 """
 
@@ -65,6 +65,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
         ReaderError: missing file (code 2) or a file that is neither a profile nor a trace
             (code 1).
     """
+    from libreyolo_core.profiler.analysis import read_json
     from libreyolo_core.profiler.artifacts import profile_from_trace
 
     p = Path(path)
@@ -73,8 +74,8 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ReaderError(f"{path}: no such file", EXIT_USAGE)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = read_json(p)
+    except (OSError, ValueError, EOFError) as exc:
         raise ReaderError(f"{p}: not JSON ({exc})", EXIT_TRACE) from None
     if isinstance(data, dict) and str(data.get("schema", "")).startswith("libreyolo.profile"):
         return data
@@ -155,6 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     from libreyolo_core.facade import LibreYOLO
+    from libreyolo_core.profiler.analysis import TRACE_NAME
     from libreyolo_core.profiler.artifacts import write_json
     from libreyolo_core.profiler.window import ProfileWindowError
 
@@ -206,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         final = aggregate(profiles, paths)
         final_path = str(project / "profile_repeat.json")
         write_json(Path(final_path), final)
-    trace = Path(paths[-1]).with_name("profile_trace.json")
+    trace = Path(paths[-1]).with_name(TRACE_NAME)
     result = {
         "profile": final_path,
         "trace": str(trace) if trace.is_file() else None,
@@ -359,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def reader(name: str, help_: str) -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_)
-        s.add_argument("profile", help="profile.json, profile_repeat.json or profile_trace.json")
+        s.add_argument("profile", help="profile.json, profile_repeat.json or profile_trace.json.gz")
         s.add_argument("--json", action="store_true")
         return s
 

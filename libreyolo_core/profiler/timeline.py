@@ -318,7 +318,7 @@ def render_timeline(profile: Mapping[str, Any], trace: Mapping[str, Any] | None)
         '<div id="main"><div id="bar">wheel: zoom · drag: pan · double-click: reset · '
         '<label><input type="checkbox" id="flows" checked> launch flows</label> '
         f'<button id="reset">reset</button> <span style="color:#666">{html.escape(counts)}'
-        "; full trace: profile_trace.json (Perfetto, ui.perfetto.dev)</span>"
+        "; full trace: profile_trace.json.gz (Perfetto, ui.perfetto.dev, opens it as is)</span>"
         '<div id="legend"></div></div>'
         '<div id="wrap"><canvas id="tl"></canvas></div></div><div id="tip"></div>'
         f'<script type="application/json" id="data">{data}</script>'

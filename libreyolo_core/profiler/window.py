@@ -339,6 +339,7 @@ class TrainingProfiler:
         Returns:
             ``{"verdict", "bound_why", <headline figures>, "artifacts": {relpath: kind}}``.
         """
+        from libreyolo_core.profiler.analysis import TRACE_NAME, write_trace_gz
         from libreyolo_core.profiler.artifacts import write_artifacts
         from libreyolo_core.profiler.report import format_summary
 
@@ -349,12 +350,15 @@ class TrainingProfiler:
         run_dir = Path(run_dir)
         trace_path = None
         if self._trace_file and os.path.isfile(self._trace_file):
-            trace_path = run_dir / "profile_trace.json"
             try:
-                shutil.move(self._trace_file, trace_path)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                trace_path = write_trace_gz(self._trace_file, run_dir / TRACE_NAME)
             except OSError as exc:
-                log.warning("could not move the trace into %s (%s)", run_dir, exc)
+                log.warning("could not write the trace into %s (%s)", run_dir, exc)
                 trace_path = None
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(self._trace_file)
         elif self.want_trace and not self.trace_error:
             self.trace_error = "the trace was not produced"
         if self._trace_dir:

@@ -24,7 +24,9 @@ class WeightsInfo:
         nc: number of classes of the detection head.
         names: class names ``{id: name}`` (``{i: str(i)}`` when the file has none).
         params: number of parameters of the model the file builds.
-        format: where the file comes from (``libreyolo``: ours or LibreYOLO 1.x).
+        format: the file's layout: ``libreyolo`` (ours or LibreYOLO 1.x, with metadata),
+            ``yolov9-upstream`` (MultimediaTechLab/YOLO release), ``yolox-megvii`` (Megvii's
+            ``{"model": ...}``) or ``state-dict`` (a bare state dict with LibreYOLO's names).
         imgsz: the training image size stored in the file, or ``None``.
         sha256: hex digest of the file's bytes.
         bytes: file size in bytes.
@@ -59,19 +61,17 @@ def inspect_weights(path: str | Path) -> WeightsInfo:
     """Load ``path`` safely and describe the model it holds.
 
     Raises:
-        CheckpointError: missing, unreadable, unsafe (needs code to unpickle) or not a
-            weights file of a registered family; the message says which.
+        CheckpointError: missing, unreadable, unsafe (needs code to unpickle; Ultralytics
+            files are named as such), a family or size we do not have, or tensors that fit
+            none of our models; the message says which.
     """
-    from libreyolo_core.engine.checkpoint import load_checkpoint
+    from libreyolo_core.weights.load import load_weights
 
     path = Path(path)
-    ckpt = load_checkpoint(path)
-    params = sum(int(t.numel()) for k, t in ckpt["model"].items()
+    weights = load_weights(path)
+    params = sum(int(t.numel()) for k, t in weights.state.items()
                  if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
-    imgsz = ckpt.get("imgsz")
     return WeightsInfo(
-        family=str(ckpt["model_family"]), size=str(ckpt["size"]), nc=int(ckpt["nc"]),
-        names=dict(ckpt["names"]), params=params, format="libreyolo",
-        imgsz=int(imgsz) if imgsz is not None else None,
-        sha256=_sha256(path), bytes=path.stat().st_size,
+        family=weights.family, size=weights.size, nc=weights.nc, names=dict(weights.names), params=params,
+        format=weights.format, imgsz=weights.imgsz, sha256=_sha256(path), bytes=path.stat().st_size,
     )

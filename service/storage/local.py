@@ -32,7 +32,7 @@ def artifact_kind(relpath: str) -> str:
     name = PurePosixPath(relpath).name
     if name == "timeline.html":
         return "timeline"
-    if name.startswith("profile") and name.endswith(".json"):
+    if name.startswith("profile") and name.endswith((".json", ".json.gz")):
         return "trace" if "trace" in name else "profile"
     return _KINDS.get(PurePosixPath(relpath).suffix.lower(), "other")
 

@@ -23,7 +23,7 @@ def test_checkpoint_roundtrip_with_weights_only(tmp_path):
     path = save_checkpoint(_state(), tmp_path / "w" / "last.pt")
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp file left
     ckpt = load_checkpoint(path)
-    assert ckpt["names"] == {0: "a", 1: "b"} and ckpt["schema_version"] == "1"
+    assert ckpt["names"] == {0: "a", 1: "b"} and ckpt["schema_version"] == "1.0"
     torch.load(path, weights_only=True)  # the contract
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -15,7 +16,7 @@ from libreyolo_core.profiler.cli import aggregate, main
 from libreyolo_core.profiler.report import significance
 
 HARNESS = Path(__file__).with_name("js_harness.js")
-ARTIFACTS = ("timeline.html", "profile.json", "profile_summary.json", "profile_trace.json")
+ARTIFACTS = ("timeline.html", "profile.json", "profile_summary.json", "profile_trace.json.gz")
 
 
 def test_real_run_writes_the_artifacts(profiled_run):
@@ -34,7 +35,8 @@ def test_real_run_writes_the_artifacts(profiled_run):
     }
     summary = json.loads((profiled_run / "profile_summary.json").read_text())
     assert summary["bound"] == p["bound"] and summary["real"]["step_ms"] == p["step_ms"]
-    trace = json.loads((profiled_run / "profile_trace.json").read_text())
+    with gzip.open(profiled_run / "profile_trace.json.gz", "rt") as fh:  # Perfetto opens .json.gz
+        trace = json.load(fh)
     assert any(e.get("name", "").startswith("step/forward") for e in trace["traceEvents"])
     events = read_events(profiled_run / "events.jsonl")
     assert [e["lever"] for e in events if e["event"] == "profile"] == [p["lever"]]
@@ -43,7 +45,7 @@ def test_real_run_writes_the_artifacts(profiled_run):
         "timeline.html": "timeline",
         "profile.json": "profile",
         "profile_summary.json": "profile",
-        "profile_trace.json": "trace",
+        "profile_trace.json.gz": "trace",
     }
     prof_events = [e for e in events if e["event"] == "profile"]
     assert len(prof_events) == 1 and prof_events[0]["verdict"] == p["bound"]

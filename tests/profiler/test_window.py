@@ -96,7 +96,7 @@ def test_sleeping_loader_gives_dataloader(tmp_path):
         "timeline.html",
         "profile.json",
         "profile_summary.json",
-        "profile_trace.json",
+        "profile_trace.json.gz",
     }
     for name in summary["artifacts"]:
         assert (tmp_path / name).is_file()
@@ -119,7 +119,7 @@ def test_busy_step_gives_compute(tmp_path):
     prof = TrainingProfiler(cfg(), batch=2, steps_available=10)
     summary, _ = drive(prof, SleepyLoader(6, 0.0), 0.05, tmp_path)
     assert summary["verdict"] == "compute" and summary["dataload_frac"] < 0.2
-    assert "profile_trace.json" not in summary["artifacts"]
+    assert "profile_trace.json.gz" not in summary["artifacts"]
     p = json.loads((tmp_path / "profile.json").read_text())
     assert p["composition_ms"]["forward"] >= 45
     assert p["img_per_s"] == pytest.approx(2 / (p["step_ms"] / 1e3), rel=1e-2)

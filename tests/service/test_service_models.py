@@ -119,11 +119,9 @@ def test_bad_upload_is_422_naming_the_reason_and_stores_nothing(
     assert not weights["needs_code_marker"].exists()
 
 
-@pytest.mark.xfail(strict=True, reason="the inspector on this branch refuses numpy scalars; "
-                   "helper A's readers accept them (remove this marker when merged)")
 def test_numpy_scalars_in_metadata_are_accepted(alice, weights):
     """LibreYOLO 1.x and upstream files carry numpy scalars (``best_fitness``); they load
-    through explicit safe globals (needs helper A's weights readers)."""
+    through explicit safe globals (``libreyolo_core/weights/reader.py``)."""
     r = _upload(alice, weights["numpy_meta"], name="np")
     assert r.status_code == 201, r.text
     assert r.json()["imgsz"] == 128

@@ -7,6 +7,7 @@ Family protocol used by the engine (docs/architecture.md, "Models"):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ __all__ = [
     "TaskAlignedAssigner",
     "pad_targets",
     "build_model",
+    "arch_from_state",
+    "class_tensors",
     "build_loss",
     "preprocess",
     "postprocess",
@@ -33,15 +36,31 @@ __all__ = [
 SIZES = ("t", "s")
 
 
-def build_model(size: str, nc: int) -> YOLO9:
+def build_model(size: str, nc: int, cls_width: int | None = None) -> YOLO9:
     """A freshly initialised YOLOv9 of ``size`` (``"t"`` or ``"s"``) with ``nc`` classes.
+
+    ``cls_width`` sets the head's class-tower width (default: from ``nc``); see
+    :func:`arch_from_state`.
 
     Raises:
         ValueError: unknown size or ``nc < 1``.
     """
     if size not in CONFIGS:
         raise ValueError(f"unknown YOLOv9 size {size!r}; choose one of {', '.join(SIZES)}")
-    return YOLO9(CONFIGS[size], nc=int(nc))
+    return YOLO9(CONFIGS[size], nc=int(nc), cls_width=cls_width)
+
+
+def arch_from_state(state: dict[str, Tensor]) -> dict[str, Any]:
+    """The ``build_model`` keywords a state dict (our names) was built with: the class-tower
+    width, which a model fine-tuned from COCO keeps at 80 whatever its class count."""
+    tower = state.get("head.cls.0.0.conv.weight")
+    return {"cls_width": int(tower.shape[0])} if tower is not None else {}
+
+
+def class_tensors(state_names: list[str]) -> list[str]:
+    """Names of the tensors whose shape depends on the class count (the last conv of each
+    level's class tower), our names."""
+    return [k for k in state_names if re.fullmatch(r"head\.cls\.\d+\.2\.(weight|bias)", k)]
 
 
 def build_loss(model: nn.Module, cfg: Any = None) -> YOLO9Loss:

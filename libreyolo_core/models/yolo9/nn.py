@@ -182,7 +182,8 @@ class DDetect(nn.Module):
     Per level: box tower ``Conv3x3(c -> hb), Conv3x3(hb -> hb, groups 4), Conv1x1(hb ->
     4 * reg_max, groups 4)`` and class tower ``Conv3x3(c -> hc), Conv3x3(hc -> hc),
     Conv1x1(hc -> nc)``, with ``hb = max(ceil4(ch[0] / 4), 4 * reg_max, reg_max)`` and
-    ``hc = max(ch[0], min(nc, 100))``. Box distances use the DFL integral (Li et al.,
+    ``hc = max(ch[0], min(nc, 100))`` unless ``cls_width`` is given (a model fine-tuned
+    from COCO keeps the 80-wide tower it was trained with). Box distances use the DFL integral (Li et al.,
     "Generalized Focal Loss", 2020): softmax over ``reg_max`` bins times ``0..reg_max-1``.
 
     Args:
@@ -190,6 +191,7 @@ class DDetect(nn.Module):
         nc: number of classes (>= 1).
         reg_max: DFL bins per side.
         strides: input pixels per cell of each level.
+        cls_width: class-tower width ``hc`` (default: the formula above).
 
     Raises:
         ValueError: ``nc < 1`` or ``len(ch) != len(strides)``.
@@ -201,6 +203,7 @@ class DDetect(nn.Module):
         nc: int,
         reg_max: int = 16,
         strides: tuple[int, ...] = (8, 16, 32),
+        cls_width: int | None = None,
     ):
         super().__init__()
         if nc < 1:
@@ -210,7 +213,7 @@ class DDetect(nn.Module):
         self.nc, self.reg_max, self.strides = nc, reg_max, tuple(int(s) for s in strides)
         self.no = 4 * reg_max + nc
         hb = max(math.ceil(ch[0] / 4 / 4) * 4, 4 * reg_max, reg_max)
-        hc = max(ch[0], min(nc, 100))
+        hc = int(cls_width) if cls_width else max(ch[0], min(nc, 100))
         self.box = nn.ModuleList(
             nn.Sequential(
                 Conv(c, hb, 3), Conv(hb, hb, 3, g=4), nn.Conv2d(hb, 4 * reg_max, 1, groups=4)
@@ -388,17 +391,18 @@ class YOLO9(nn.Module):
         cfg: widths (see :data:`CONFIGS`).
         nc: number of classes.
         reg_max: DFL bins per side (16).
+        cls_width: class-tower width of the head (default: from ``nc``, see :class:`DDetect`).
 
     Attributes: ``nc``, ``reg_max``, ``strides`` (8, 16, 32), ``backbone``, ``neck``,
     ``head``. See the module docstring for the train/eval forward contract.
     """
 
-    def __init__(self, cfg: YOLO9Config, nc: int = 80, reg_max: int = 16):
+    def __init__(self, cfg: YOLO9Config, nc: int = 80, reg_max: int = 16, cls_width: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.backbone = GELANBackbone(cfg)
         self.neck = PANNeck(cfg)
-        self.head = DDetect(cfg.head_channels, nc, reg_max, (8, 16, 32))
+        self.head = DDetect(cfg.head_channels, nc, reg_max, (8, 16, 32), cls_width=cls_width)
 
     @property
     def nc(self) -> int:

@@ -29,6 +29,8 @@ __all__ = [
     "SimOTAAssigner",
     "box_iou_cxcywh",
     "build_model",
+    "arch_from_state",
+    "class_tensors",
     "build_loss",
     "preprocess",
     "postprocess",
@@ -47,6 +49,17 @@ def build_model(size: str, nc: int) -> YOLOX:
     if size not in CONFIGS:
         raise ValueError(f"unknown YOLOX size {size!r}; choose one of {', '.join(SIZES)}")
     return YOLOX(CONFIGS[size], nc=int(nc))
+
+
+def arch_from_state(state: dict[str, Tensor]) -> dict[str, Any]:
+    """The ``build_model`` keywords a state dict was built with: none (YOLOX's widths do not
+    depend on the class count)."""
+    return {}
+
+
+def class_tensors(state_names: list[str]) -> list[str]:
+    """Names of the tensors whose shape depends on the class count (``head.cls_preds``)."""
+    return [k for k in state_names if k.startswith("head.cls_preds.")]
 
 
 def build_loss(model: nn.Module, cfg: Any = None) -> YOLOXLoss:
