@@ -97,7 +97,7 @@ def test_upload_list_get_download_delete(alice, server, weights):
 @pytest.mark.parametrize("kind, words", [
     ("not_torch", "not a torch file"),
     ("needs_code", "needs code"),
-    ("truncated", "cannot be loaded"),
+    ("truncated", "truncated or damaged"),
     ("unknown_family", "yolov8"),
 ])
 def test_bad_upload_is_422_naming_the_reason_and_stores_nothing(
