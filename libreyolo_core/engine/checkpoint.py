@@ -5,7 +5,8 @@ Keys (schema ``1``): ``schema_version``, ``libreyolo_version``, ``model_family``
 else the raw weights), and for resuming: ``train_model`` (raw weights), ``ema_updates``,
 ``optimizer``, ``scaler``, ``epoch`` (0-based, last finished), ``best_fitness``,
 ``best_epoch`` (1-based), ``config`` (the resolved TrainConfig), ``torch_rng``.
-Writes are atomic: a temp file in the same folder, then ``os.replace``.
+Writes are atomic: a temp file in the same folder, then ``os.replace``. A state holding a
+NaN or an inf in any floating tensor is never written (:class:`NonFiniteCheckpointError`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "CheckpointError"]
+from libreyolo_core.engine.nonfinite import nonfinite_tensors
+
+__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "CheckpointError",
+           "NonFiniteCheckpointError", "refuse_nonfinite"]
 
 SCHEMA_VERSION = "1"
 REQUIRED = ("model", "model_family", "size", "nc", "names")
@@ -27,9 +31,33 @@ class CheckpointError(ValueError):
     """A checkpoint file that is missing, unreadable or lacks required keys."""
 
 
+class NonFiniteCheckpointError(CheckpointError):
+    """A state to save (or a checkpoint to resume) holds NaN/inf tensors; ``keys`` names them."""
+
+    def __init__(self, message: str, keys: list[str] | tuple = ()):
+        super().__init__(message)
+        self.keys = list(keys)
+
+
+def refuse_nonfinite(state: dict[str, Any], path: str | Path, verb: str) -> None:
+    """Raise :class:`NonFiniteCheckpointError` (``"{path}: {verb}: N tensor(s) hold NaN or
+    inf (keys...)"``) when a floating tensor of ``state`` is not finite."""
+    bad = nonfinite_tensors(state)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f", ... ({len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise NonFiniteCheckpointError(
+            f"{path}: {verb}: {len(bad)} tensor(s) hold NaN or inf ({shown})", bad)
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write ``state`` to ``path`` atomically (temp file + rename); returns the path."""
+    """Write ``state`` to ``path`` atomically (temp file + rename); returns the path.
+
+    Raises:
+        NonFiniteCheckpointError: a floating tensor of ``state`` holds NaN or inf (nothing
+            is written; an existing file at ``path`` is left as it was).
+    """
     path = Path(path)
+    refuse_nonfinite(state, path, "not written")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

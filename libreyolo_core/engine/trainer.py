@@ -51,10 +51,16 @@ from libreyolo_core.distributed.context import (
     mean_normalizer,
 )
 from libreyolo_core.engine.amp import resolve_amp
-from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from libreyolo_core.engine.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    refuse_nonfinite,
+    save_checkpoint,
+)
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
+from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
@@ -78,7 +84,8 @@ class TrainingInterrupted(RuntimeError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """Too many consecutive non-finite losses: the run diverged."""
+    """The run diverged: ten consecutive non-finite losses, or an epoch in which no
+    optimizer step could be taken (every step non-finite or skipped by the AMP scaler)."""
 
 
 def fitness(metrics: dict[str, float]) -> float:
@@ -100,7 +107,9 @@ class Trainer:
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
             (under DDP every rank raises it at the same step).
-        NonFiniteLossError: ten non-finite losses in a row.
+        NonFiniteLossError: ten non-finite losses in a row, or an epoch without one
+            optimizer step taken (the message names the first bad step and loss terms).
+        NonFiniteCheckpointError: a checkpoint to write (or resume) holds NaN/inf.
         ValueError: a global ``batch`` not divisible by the world size.
     """
 
@@ -134,6 +143,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.nonfinite_skipped = 0
         self.nonfinite_streak = 0  # consecutive, across epochs
+        self.amp_skipped = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN grads)
+        self._steps_applied = 0  # optimizer steps taken (neither skipped nor scaler-skipped)
         self.profiler = None  # set in _setup only when cfg.profile
         self.profile_summary: dict[str, Any] | None = None
         self.profile_only = False
@@ -282,6 +293,7 @@ class Trainer:
             )
         if ckpt is not None:
             self._load_resume(ckpt)
+        self.bn_guard = BatchNormGuard(self.model)  # a skipped step leaves BatchNorm as it was
         if ddp:
             cuda = self.device.type == "cuda"
             self.model = DistributedDataParallel(
@@ -333,6 +345,8 @@ class Trainer:
 
     def _load_resume(self, ckpt: dict[str, Any]) -> None:
         model = unwrap(self.model)
+        refuse_nonfinite({k: ckpt[k] for k in ("model", "train_model", "optimizer") if k in ckpt},
+                         self._resume_path, "cannot resume")
         try:
             model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         except RuntimeError as exc:
@@ -543,6 +557,8 @@ class Trainer:
         nb = len(loader)
         sums = torch.zeros(len(self.item_names), dtype=torch.float64)
         counted = 0
+        applied_before = self._steps_applied
+        first_bad = ""  # "step 3 (box=nan, ...)": the first non-finite step of the epoch
         lr = self.optimizer.param_groups[0]["lr"]
         t_start = time.perf_counter()
         images_seen = 0
@@ -558,6 +574,7 @@ class Trainer:
             window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
             if i % self.accumulate == 0:
                 lr = self.schedule.apply(self.optimizer, step)
+                self.bn_guard.snapshot()
             with prof.phase("to_device") if prof is not None else _NULL:
                 imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
                 targets = batch.targets.to(device, non_blocking=True)
@@ -588,10 +605,12 @@ class Trainer:
             if not finite:
                 self.nonfinite_streak += 1
                 self.nonfinite_skipped += 1
+                terms = describe_nonfinite(self.item_names, values[1:])
+                first_bad = first_bad or f"step {i + 1}/{nb} ({terms})"
                 log.warning("epoch %d step %d: non-finite loss (%s); optimizer step skipped",
-                            epoch + 1, i + 1, ", ".join(f"{n}={v:.4g}" for n, v in
-                                                        zip(self.item_names, values[1:], strict=True)))
+                            epoch + 1, i + 1, terms)
                 self.optimizer.zero_grad(set_to_none=True)
+                self.bn_guard.restore()  # the forward pass already moved the running stats
                 if prof is not None and prof.step_end():
                     self._finish_profile()
                     prof = None
@@ -631,6 +650,11 @@ class Trainer:
                 break
         if progress is not None:
             progress.close()
+        if nb and self._steps_applied == applied_before and not self._stopping():
+            why = (f"every loss was non-finite, the first at {first_bad}" if not counted else
+                   f"the AMP GradScaler skipped every step for inf/NaN gradients ({self.amp_skipped} so far)")
+            raise NonFiniteLossError(f"epoch {epoch + 1}: no optimizer step was taken in {nb} steps: {why}. "
+                                     "The run diverged; try amp=False or a lower lr0")
         mean = self._mean_losses(sums, counted)
         return mean, lr
 
@@ -663,9 +687,20 @@ class Trainer:
                 scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_max_norm,
                                                foreach=True)
+            scale = scaler.get_scale() if scaler.is_enabled() else 0.0
             scaler.step(self.optimizer)
             scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
+        # fp16 AMP: the scaler skipped the step (inf/NaN gradients) iff it lowered the scale;
+        # the window then leaves no trace either (BatchNorm restored, EMA not blended)
+        if scaler.is_enabled() and scaler.get_scale() < scale:
+            self.amp_skipped += 1
+            self.bn_guard.restore()
+            log.log(logging.WARNING if self.amp_skipped % 100 == 0 else logging.DEBUG,
+                    "AMP GradScaler skipped a step for inf/NaN gradients (%d so far); scale now %g",
+                    self.amp_skipped, scaler.get_scale())
+            return
+        self._steps_applied += 1
         if self.ema is not None:
             with prof.phase("ema") if prof is not None else _NULL:
                 self.ema.update(self.model)
@@ -726,5 +761,6 @@ class Trainer:
             "best_checkpoint": str(self.run_dir / "weights" / "best.pt"),
             "last_checkpoint": str(self.run_dir / "weights" / "last.pt"),
             "nonfinite_skipped": self.nonfinite_skipped,
+            "amp_skipped": self.amp_skipped,
             **({"profile": self.profile_summary} if self.profile_summary else {}),
         }
