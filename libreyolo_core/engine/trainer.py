@@ -49,6 +49,8 @@ from libreyolo_core.distributed.context import (
     destroy_distributed,
     init_distributed,
     mean_normalizer,
+    set_phase,
+    timeout_error,
 )
 from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import (
@@ -62,6 +64,7 @@ from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
+from libreyolo_core.engine.resume import check_resume_classes
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
 from libreyolo_core.models.registry import load_family, parse_model_name
@@ -198,6 +201,7 @@ class Trainer:
         return ckpt
 
     def _setup(self) -> None:
+        set_phase("set-up (process group, data scan, model)")
         ckpt = self._resume_state()
         cfg = self.cfg
         owned = not (dist.is_available() and dist.is_initialized())
@@ -212,6 +216,8 @@ class Trainer:
         self.data_cfg = load_data_config(cfg.data)
         if not self.data_cfg.train:
             raise ValueError(f"{self.data_cfg.yaml_path}: key 'train' is missing")
+        if ckpt is not None:  # before the scan: a class mismatch is known from the yaml alone
+            check_resume_classes(ckpt, self._resume_path, self.data_cfg)
         self.names = dict(self.data_cfg.names)
         self.nc = len(self.names)
         train_report = scan_split(self.data_cfg, "train")
@@ -239,6 +245,10 @@ class Trainer:
             self.train_set, self.rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
             rank=self.dist.rank, world_size=self.dist.world_size, drop_last=visible >= self.rank_batch,
         )
+        if visible >= self.rank_batch and visible % self.rank_batch and main:
+            log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
+                     "batch of %d); shuffling drops other images each epoch", visible % self.rank_batch,
+                     visible, self.rank_batch)
         self.val_loader = None
         if val_report is not None:
             val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
@@ -320,6 +330,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.batch != -1:
             return cfg.batch
+        set_phase("autobatch (rank 0 probes batch sizes, the others wait)")
         batch = autobatch(self.model, cfg.imgsz, self.device, self.dist.world_size, cfg.nbs,
                           autocast=self.amp.autocast) if self.dist.is_main else None
         return int(broadcast_object(batch, self.dist))
@@ -371,7 +382,9 @@ class Trainer:
             log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
                         "epochs= to train longer)", self._resume_path, self.cfg.epochs)
         else:
-            log.info("resuming %s from epoch %d", self._resume_path, self.start_epoch + 1)
+            step = self.start_epoch * self.steps_per_epoch
+            log.info("resuming %s from epoch %d at lr=%.6g (step %d of the %s schedule)", self._resume_path,
+                     self.start_epoch + 1, self.schedule.lr(step), step, self.schedule.kind)
         if self._resume_path.name != "last.pt" and self.dist.is_main:
             log.warning("resuming from %s (epoch %d), not last.pt: the later epochs of this run are "
                         "trained again and their results.csv rows replaced", self._resume_path.name,
@@ -451,7 +464,10 @@ class Trainer:
             status = "interrupted"
             raise
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            timeout = timeout_error(exc) if self.dist.enabled else None
+            error = f"{type(timeout or exc).__name__}: {timeout or exc}"
+            if timeout is not None:  # name the phase that waited and the setting bounding it
+                raise timeout from exc
             raise
         finally:
             if previous is not None:
@@ -459,6 +475,7 @@ class Trainer:
             if getattr(self, "events", None) is not None:
                 self.events.emit("run_end", status=status, best_epoch=self.best_epoch,
                                  metrics=self.best_metrics or self.metrics, error=error,
+                                 names=getattr(self, "names", None),
                                  nonfinite_skipped=self.nonfinite_skipped)
                 self.events.close()
             self._fire("on_train_end")
@@ -474,7 +491,9 @@ class Trainer:
             if epoch >= close_at and self.train_set.mosaic_enabled:
                 self._close_mosaic(epoch)
             t0 = time.perf_counter()
+            set_phase(f"training epoch {epoch + 1}")
             losses, lr = self._train_epoch(epoch)
+            set_phase(f"end of epoch {epoch + 1} (rank 0 validates and saves, the other ranks wait)")
             if self._stopping():
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
@@ -760,6 +779,7 @@ class Trainer:
             "save_dir": str(self.run_dir),
             "best_checkpoint": str(self.run_dir / "weights" / "best.pt"),
             "last_checkpoint": str(self.run_dir / "weights" / "last.pt"),
+            "names": self.names,  # class id -> name, the keys of per_class_AP
             "nonfinite_skipped": self.nonfinite_skipped,
             "amp_skipped": self.amp_skipped,
             **({"profile": self.profile_summary} if self.profile_summary else {}),
