@@ -8,12 +8,13 @@ import json
 import logging
 import re
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
@@ -21,6 +22,7 @@ from sse_starlette import EventSourceResponse
 from libreyolo_core.config import ConfigError, resolve_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.files import FileDigest, RecordedDigest, current_digest, serve_file
 from service.api.problems import Problem
 from service.api.schemas import (
     ArtifactPublic,
@@ -445,6 +447,10 @@ def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> Artif
                            .order_by(Artifact.path)).all()
     url = f"/v1/jobs/{job.id}/artifacts/"
     if rows:
+        for a in rows:  # a file rewritten since it was recorded is listed with its new digest
+            file = store.resolve(job.id, a.path)
+            if file is not None:
+                _artifact_digest(session, a, file)
         data = [ArtifactPublic(path=a.path, kind=a.kind, size_bytes=a.size_bytes,
                                sha256=a.sha256, url=url + a.path) for a in rows]
     else:
@@ -455,8 +461,8 @@ def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> Artif
     return ArtifactsList(data=data)
 
 
-@router.get(
-    "/{job_id}/artifacts/{path:path}", operation_id="jobs-artifact-download",
+@router.api_route(
+    "/{job_id}/artifacts/{path:path}", methods=["GET", "HEAD"], operation_id="jobs-artifact-download",
     responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
                206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
 )
@@ -464,12 +470,16 @@ def download_artifact(
     job: OwnedJob, path: str, session: SessionDep, store: StoreDep,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
-    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``).
+    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``);
+    ``HEAD`` gives the same headers without the body.
 
-    Supports ``Range`` (206), ``ETag`` / ``If-None-Match`` (304; the ETag is the sha256
-    once recorded) and sends ``X-Content-SHA256``. ``timeline.html`` is served inline as
-    HTML under a Content-Security-Policy that blocks all network access; every other
-    file is an attachment.
+    The ``ETag`` (``"<sha256>"``), ``X-Content-SHA256`` and ``Repr-Digest`` describe the
+    bytes served: a file changed since its digest was recorded (a resume rewrote
+    ``last.pt``) is hashed again and its record updated. ``If-None-Match`` gives 304 only
+    for the current ETag; ``Range`` gives 206, unless ``If-Range`` carries another
+    validator (then the whole file, 200). ``timeline.html`` is served inline as HTML under
+    a Content-Security-Policy that blocks all network access; every other file is an
+    attachment. See :mod:`service.api.files`.
 
     Raises:
         404: no such file, or the path leaves the run directory (``..``, absolute, symlink).
@@ -479,18 +489,27 @@ def download_artifact(
         raise Problem(404, f"artifact {path!r} not found in job {job.id}")
     rel = file.relative_to(store.run_dir(job.id).resolve()).as_posix()
     row = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == rel))
-    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-cache"}
-    if row is not None:
-        etag = f'"{row.sha256}"'
-        headers["ETag"] = etag
-        headers["X-Content-SHA256"] = row.sha256
-        headers["Repr-Digest"] = "sha-256=:" + base64.b64encode(
-            bytes.fromhex(row.sha256)).decode() + ":"
-        if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
-            return Response(status_code=304, headers=headers)
+    digest = _artifact_digest(session, row, file) if row is not None else None
     if file.name == "timeline.html":
-        headers["Content-Security-Policy"] = TIMELINE_CSP
-        return FileResponse(file, media_type="text/html; charset=utf-8", headers=headers,
-                            filename=file.name, content_disposition_type="inline")
-    return FileResponse(file, media_type="application/octet-stream", headers=headers,
-                        filename=file.name, content_disposition_type="attachment")
+        return serve_file(file, digest, if_none_match, media_type="text/html; charset=utf-8",
+                          disposition="inline", headers={"Content-Security-Policy": TIMELINE_CSP})
+    return serve_file(file, digest, if_none_match)
+
+
+def _artifact_digest(session: SessionDep, row: Artifact, file: Path) -> FileDigest:
+    """The artifact's digest now; a changed file's new sha256 and size are stored."""
+    digest = current_digest(file, RecordedDigest(row.sha256, row.size_bytes, row.created_at))
+    if digest.changed:
+        log.info("artifact %s of job %s changed on disk since it was recorded: sha256 %s -> %s",
+                 row.path, row.job_id, row.sha256[:12], digest.sha256[:12])
+        row.sha256, row.size_bytes, row.created_at = digest.sha256, digest.size, utcnow()
+        session.commit()
+    elif _stale_record(row, digest):
+        row.created_at = utcnow()  # touched, same bytes: skip the hash next time
+        session.commit()
+    return digest
+
+
+def _stale_record(row: Artifact, digest: FileDigest) -> bool:
+    at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    return digest.stat.st_mtime > at.timestamp()
