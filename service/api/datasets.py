@@ -19,7 +19,8 @@ from service.api.problems import Problem
 from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
 from service.db.models import Dataset, new_id
 from service.settings import Settings
-from service.storage.zipsafe import UnsafeZipError, extract_zip
+from service.storage.roots import path_refusal
+from service.storage.zipsafe import UnsafeZipError, check_dataset_yaml, extract_zip
 
 __all__ = ["router"]
 
@@ -65,8 +66,8 @@ def _scan(yaml_path: Path, settings: Settings) -> dict[str, Any]:
 @router.post("/register", status_code=201, response_model=DatasetPublic,
              operation_id="datasets-register",
              responses={422: {"description": "path not absolute, not a yaml, or missing"}})
-def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionDep
-                     ) -> DatasetPublic:
+def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionDep,
+                     settings: SettingsDep) -> DatasetPublic:
     """Register a dataset yaml at a path visible to the workers (shared storage).
 
     Raises:
@@ -78,6 +79,9 @@ def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionD
                       field="path")
     if not path.is_file():
         raise Problem(422, f"path: {body.path!r} does not exist", field="path")
+    refusal = path_refusal(path, settings)
+    if refusal is not None:
+        raise Problem(422, f"path: {refusal}", field="path")
     ds = Dataset(owner_id=user.id, name=body.name, path=str(path), source="register",
                  status="ready", report=None)
     session.add(ds)
@@ -149,6 +153,11 @@ async def upload_dataset(
     if yaml_path is None:
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, "body: the zip holds no dataset yaml (e.g. data.yaml)", field="body")
+    try:
+        check_dataset_yaml(yaml_path, dest, settings.zip_limits())
+    except UnsafeZipError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise Problem(422, f"body: {exc}", field="body") from None
     report = await anyio.to_thread.run_sync(_scan, yaml_path, settings)
     ds = Dataset(id=ds_id, owner_id=user.id, name=name, path=str(yaml_path), source="upload",
                  status="ready" if report["ok"] else "invalid", report=report)
@@ -159,5 +168,4 @@ async def upload_dataset(
 
 def _extract(part: Path, dest: Path, settings: Settings) -> None:
     with zipfile.ZipFile(part) as zf:
-        extract_zip(zf, dest, max_total_bytes=settings.max_uncompressed_bytes,
-                    max_ratio=settings.max_compression_ratio)
+        extract_zip(zf, dest, limits=settings.zip_limits())

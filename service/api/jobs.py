@@ -36,6 +36,7 @@ from service.api.schemas import (
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
 from service.queue import enqueue, queue_for
+from service.storage.roots import path_refusal
 
 __all__ = ["router", "job_public"]
 
@@ -164,8 +165,10 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
     return str(path), family
 
 
-def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool) -> str:
-    """Dataset id -> its yaml path; a path must be absolute (and exist when checked)."""
+def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool, settings: Any) -> str:
+    """Dataset id -> its yaml path; a path must be absolute (and exist when checked) and
+    allowed by :func:`~service.storage.roots.path_refusal` (dataset roots; never inside
+    the upload or artifact root: uploads are used by id)."""
     if not data.startswith("/"):
         ds = session.get(Dataset, data)
         if ds is None or (ds.owner_id != user.id and not user.is_admin):
@@ -177,6 +180,9 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
         raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
     if check and not path.is_file():
         raise Problem(422, f"data: {data!r} does not exist", field="data")
+    refusal = path_refusal(path, settings)
+    if refusal is not None:
+        raise Problem(422, f"data: {refusal}", field="data")
     return data
 
 
@@ -223,7 +229,7 @@ def submit_job(
             return job_public(existing)
     model, family = _resolve_model(session, user, store, body.model)
     params = _validate_params(body, gpus, family)
-    data = _resolve_data(session, user, body.data, settings.check_data_paths)
+    data = _resolve_data(session, user, body.data, settings.check_data_paths, settings)
     if family is None:
         model = resolve_config({"model": body.model}).model
     now = utcnow()
