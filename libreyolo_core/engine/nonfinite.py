@@ -12,6 +12,8 @@ Three parts the trainer and the checkpoint writer call:
   buffers per window (yolo9-t: 442 tensors, ~0.04 MB; measured in docs/architecture.md).
 - :func:`nonfinite_tensors`: the dotted keys of every floating tensor holding a NaN or an
   inf in a nested checkpoint dict; ``save_checkpoint`` refuses to write such a state.
+- :func:`grads_finite`: whether every gradient is finite (fp32 steps: a finite loss can
+  still back-propagate an inf; the fp16 ``GradScaler`` checks this itself).
 - :func:`describe_nonfinite`: ``"box=nan, cls=inf"`` for the loss terms of a step.
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BatchNormGuard", "nonfinite_tensors", "describe_nonfinite"]
+__all__ = ["BatchNormGuard", "grads_finite", "nonfinite_tensors", "describe_nonfinite"]
 
 
 class BatchNormGuard:
@@ -59,6 +61,17 @@ class BatchNormGuard:
         """Put the remembered statistics back, in place (call when the step is skipped)."""
         if self._live:
             torch._foreach_copy_(self._live, self._saved)
+
+
+@torch.no_grad()
+def grads_finite(params) -> bool:
+    """True when every ``.grad`` of ``params`` is finite (one fused norm per dtype/device
+    group and one host read)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)
+    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
 
 def _walk(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -62,7 +62,7 @@ from libreyolo_core.engine.checkpoint import (
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
-from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite
+from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite, grads_finite
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
 from libreyolo_core.engine.resume import check_resume_classes
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
@@ -671,7 +671,7 @@ class Trainer:
             progress.close()
         if nb and self._steps_applied == applied_before and not self._stopping():
             why = (f"every loss was non-finite, the first at {first_bad}" if not counted else
-                   f"the AMP GradScaler skipped every step for inf/NaN gradients ({self.amp_skipped} so far)")
+                   "every step had non-finite gradients (skipped by the AMP GradScaler or the fp32 check)")
             raise NonFiniteLossError(f"epoch {epoch + 1}: no optimizer step was taken in {nb} steps: {why}. "
                                      "The run diverged; try amp=False or a lower lr0")
         mean = self._mean_losses(sums, counted)
@@ -701,6 +701,14 @@ class Trainer:
 
     def _optimizer_step(self, prof=None) -> None:
         scaler = self.amp.scaler
+        if not scaler.is_enabled() and not grads_finite(self.model.parameters()):
+            # a finite loss with an inf/NaN gradient (fp32; the fp16 scaler checks itself)
+            self.nonfinite_skipped += 1
+            self.nonfinite_streak += 1
+            log.warning("non-finite gradients (the loss was finite); optimizer step skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            self.bn_guard.restore()
+            return
         with prof.phase("optimizer") if prof is not None else _NULL:
             if self.cfg.clip_max_norm:
                 scaler.unscale_(self.optimizer)
