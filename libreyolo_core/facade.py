@@ -159,7 +159,12 @@ class LibreYOLO:
         if data is None:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
         cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
-        names = load_data_config(cfg.data).names
+        data_cfg = load_data_config(cfg.data)
+        if resumed is not None:  # another class count cannot resume: say so before any work
+            from libreyolo_core.engine.resume import check_resume_classes
+
+            check_resume_classes(resumed[1], resumed[0], data_cfg)
+        names = data_cfg.names
         if self.checkpoint is None:
             # Fresh weights: build them under the run's seed, so a seeded run repeats.
             torch.manual_seed(cfg.seed)

@@ -79,7 +79,17 @@ class Settings(BaseSettings):
         120.0, gt=0, description="time limit of the child process that reads an uploaded "
         "weights file (`python -m libreyolo_core.weights inspect`)"
     )
-    max_compression_ratio: float = Field(200.0, gt=1, description="inflated/compressed cap per file")
+    max_compression_ratio: float = Field(
+        200.0, gt=1, description="inflated/compressed cap per file over 1 MiB and for the whole zip")
+    max_zip_members: int = Field(200_000, gt=0, description="files + folders in one dataset zip")
+    max_zip_member_bytes: int = Field(1 << 30, gt=0, description="inflated size of one zip member")
+    max_zip_path_depth: int = Field(32, gt=0, description="folders in one zip member's path")
+    max_zip_path_chars: int = Field(1024, gt=0, description="characters of one zip member's path")
+    max_yaml_bytes: int = Field(1 << 20, gt=0, description="size of an uploaded dataset yaml")
+    dataset_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="folders a registered dataset (or a job's data path) "
+        "must lie under (comma-separated in env). Empty (the default): any folder; the artifact "
+        "and upload roots are always refused (uploads are used by id)")
     check_data_paths: bool = Field(
         True, description="reject a job whose data path does not exist on the API host"
     )
@@ -99,7 +109,19 @@ class Settings(BaseSettings):
         if isinstance(data, dict) and isinstance(data.get("cors_origins"), str):
             raw = data["cors_origins"]
             data = {**data, "cors_origins": [o.strip() for o in raw.split(",") if o.strip()]}
+        if isinstance(data, dict) and isinstance(data.get("dataset_roots"), str):
+            raw = data["dataset_roots"]
+            data = {**data, "dataset_roots": [r.strip() for r in raw.split(",") if r.strip()]}
         return data
+
+    def zip_limits(self):
+        """The :class:`~service.storage.zipsafe.ZipLimits` of these settings."""
+        from service.storage.zipsafe import ZipLimits
+
+        return ZipLimits(max_total_bytes=self.max_uncompressed_bytes, max_ratio=self.max_compression_ratio,
+                         max_members=self.max_zip_members, max_member_bytes=self.max_zip_member_bytes,
+                         max_depth=self.max_zip_path_depth, max_path_chars=self.max_zip_path_chars,
+                         max_yaml_bytes=self.max_yaml_bytes)
 
     @model_validator(mode="after")
     def _fill_paths(self) -> Settings:
@@ -121,6 +143,7 @@ class Settings(BaseSettings):
         self.artifact_root = self.artifact_root.expanduser().resolve()
         self.upload_root = self.upload_root.expanduser().resolve()
         self.model_root = self.model_root.expanduser().resolve()
+        self.dataset_roots = [r.expanduser().resolve() for r in self.dataset_roots]
         self.credentials_path = self.credentials_path.expanduser()
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s={self.heartbeat_s} must be shorter than "

@@ -309,6 +309,7 @@ class _Run:
             "best_epoch": end.get("best_epoch", self.progress.get("best_epoch")),
             "metrics": end.get("metrics") or self.progress.get("metrics"),
             "epochs_completed": self.progress.get("epoch"),
+            "names": end.get("names"),  # class id -> name: the keys of metrics.per_class_AP
         }
         if self.profile is not None:
             prof = {k: v for k, v in self.profile.items() if k not in ("event", "time")}

@@ -154,7 +154,8 @@ def _resolve_root(value: Any, yaml_path: Path, err: Any) -> Path:
         root = yaml_path.parent / root
     root = _abspath(root)
     if not root.is_dir():
-        raise err("path", f"dataset root {root} does not exist")
+        raise err("path", f"{str(value)!r} resolves to {str(root)!r}, which does not exist "
+                          f"(a relative 'path' is relative to the yaml's folder {str(yaml_path.parent)!r})")
     return root
 
 
@@ -196,7 +197,10 @@ def _resolve_split(value: Any, root: Path, key: str, err: Any) -> list[Path]:
         if not isinstance(entry, str | Path) or str(entry).strip() == "":
             raise err(key, f"entries must be paths, got {entry!r}")
         p = Path(entry).expanduser()
+        rule = ("an absolute path" if p.is_absolute() else
+                f"relative to 'path:' {str(root)!r} (which defaults to the yaml's folder)")
         p = _abspath(p if p.is_absolute() else root / p)
+        where = f"{str(entry)!r} resolves to {str(p)!r} ({rule})"
         if p.is_dir():
             found = _images_in_folder(p)
             if not found:
@@ -204,14 +208,14 @@ def _resolve_split(value: Any, root: Path, key: str, err: Any) -> list[Path]:
             files.update(found)
         elif p.suffix.lower() == ".txt":
             if not p.is_file():
-                raise err(key, f"image list {p} does not exist")
+                raise err(key, f"image list {where}, which does not exist")
             files.update(_images_in_list(p, key, err))
         elif is_image_file(p):
             if not p.is_file():
-                raise err(key, f"image {p} does not exist")
+                raise err(key, f"image {where}, which does not exist")
             files.add(p)
         elif not p.exists():
-            raise err(key, f"folder {p} does not exist")
+            raise err(key, f"folder {where}, which does not exist")
         else:
             raise err(key, f"{p} is neither a folder, an image ({_ext_list()}) nor a .txt list")
     return sorted(files)
@@ -245,9 +249,9 @@ def _images_in_folder(folder: Path) -> list[Path]:
 
 def _images_in_list(list_file: Path, key: str, err: Any) -> Iterable[Path]:
     try:
-        text = list_file.read_text(encoding="utf-8")
+        text = list_file.read_text(encoding="utf-8-sig")  # a byte-order mark is not a path
     except (OSError, UnicodeDecodeError) as e:
-        raise err(key, f"cannot read image list {list_file}: {e}") from e
+        raise err(key, f"cannot read image list {str(list_file)!r}: {e}") from e
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -259,7 +263,8 @@ def _images_in_list(list_file: Path, key: str, err: Any) -> Iterable[Path]:
         if not is_image_file(p):
             raise err(key, f"{where}: {line!r} is not an image file ({_ext_list()})")
         if not p.is_file():
-            raise err(key, f"{where}: image {p} does not exist")
+            raise err(key, f"{where}: image {str(p)!r} does not exist (listed as {line!r}; relative "
+                           "entries are relative to the list's folder)")
         out.append(p)
     if not out:
         raise err(key, f"image list {list_file} lists no images")

@@ -193,7 +193,7 @@ class YOLODataset(Dataset):
 
     def _decode_resized(self, i: int) -> np.ndarray:
         rec = self.records[i]
-        img = load_image(rec.im_file, max_side=self.imgsz)
+        img = load_image(rec.im_file, max_side=self.imgsz, truncated_ok=True)
         h, w = self._target_hw(i)
         if img.shape[:2] != (h, w):
             shrink = h * w < img.shape[0] * img.shape[1]

@@ -6,13 +6,32 @@ Pillow is used rather than ``cv2.imread`` because it reads EXIF orientation, pal
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-__all__ = ["ImageDecodeError", "exif_size", "load_image", "to_rgb_array"]
+__all__ = ["ImageDecodeError", "allow_truncated", "exif_size", "load_image", "to_rgb_array"]
+
+_TRUNCATED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def allow_truncated() -> Iterator[None]:
+    """Decode truncated files inside the block (Pillow's process-global
+    ``ImageFile.LOAD_TRUNCATED_IMAGES``, set under a lock and put back after): the missing
+    rows come out grey, as ``cv2.imread`` also returns them (with a libjpeg warning)."""
+    with _TRUNCATED_LOCK:
+        before = ImageFile.LOAD_TRUNCATED_IMAGES
+        ImageFile.LOAD_TRUNCATED_IMAGES = True
+        try:
+            yield
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = before
 
 #: EXIF orientation values that swap width and height (90/270-degree rotations).
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
@@ -36,7 +55,7 @@ def exif_size(im: Image.Image) -> tuple[int, int]:
     return (h, w) if orientation in _TRANSPOSING_ORIENTATIONS else (w, h)
 
 
-def load_image(path: str | Path, max_side: int | None = None) -> np.ndarray:
+def load_image(path: str | Path, max_side: int | None = None, truncated_ok: bool = False) -> np.ndarray:
     """Decode an image file to an RGB array.
 
     Args:
@@ -46,6 +65,8 @@ def load_image(path: str | Path, max_side: int | None = None) -> np.ndarray:
             smallest size that is still >= that target, which is much faster for large
             photos. The result can therefore be smaller than the file's full resolution
             (never smaller than the target). ``None`` decodes at full resolution.
+        truncated_ok: decode a truncated file with its missing part grey (the dataset
+            passes True: the scan has already warned about that file by name).
 
     Returns:
         ``np.ndarray`` uint8, shape ``(H, W, 3)``, RGB, C-contiguous, with the EXIF
@@ -61,23 +82,33 @@ def load_image(path: str | Path, max_side: int | None = None) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"image {path} does not exist")
     try:
-        with Image.open(path) as im:
-            if max_side is not None and im.format == "JPEG":
-                w, h = exif_size(im)
-                r = max_side / max(w, h)
-                if r < 1.0:
-                    # draft() works in stored (pre-rotation) orientation; the ratio is kept.
-                    sw, sh = im.size
-                    im.draft("RGB", (max(1, int(sw * r)), max(1, int(sh * r))))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # palette-transparency chatter
-                im.load()
-                im = ImageOps.exif_transpose(im)
-                return to_rgb_array(im)
+        try:
+            return _decode(path, max_side)
+        except (OSError, SyntaxError) as e:
+            if not truncated_ok or isinstance(e, FileNotFoundError):
+                raise
+            with allow_truncated():
+                return _decode(path, max_side)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ImageDecodeError(f"cannot decode image {path}: {e}") from e
+
+
+def _decode(path: Path, max_side: int | None) -> np.ndarray:
+    with Image.open(path) as im:
+        if max_side is not None and im.format == "JPEG":
+            w, h = exif_size(im)
+            r = max_side / max(w, h)
+            if r < 1.0:
+                # draft() works in stored (pre-rotation) orientation; the ratio is kept.
+                sw, sh = im.size
+                im.draft("RGB", (max(1, int(sw * r)), max(1, int(sh * r))))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # palette-transparency chatter
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            return to_rgb_array(im)
 
 
 def to_rgb_array(im: Image.Image) -> np.ndarray:

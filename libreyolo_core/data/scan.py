@@ -15,16 +15,31 @@ Defect treatment (kind: what happens):
 ``malformed``       wrong column count -> line dropped
 ``non_numeric``     a value is not a finite number -> line dropped
 ``bad_class``       class id not an integer or outside ``names`` -> line dropped
-``out_of_bounds``   a corner outside [0, 1] by > 1e-3 -> clipped (xyxy) to the image,
-                    line dropped if nothing is left
+``clipped``         a corner outside [0, 1] by more than 1e-5 (label rounding) -> clipped
+                    (xyxy) to the image and kept; each row named by file:line
+``out_of_bounds``   the box lies wholly outside the image -> line dropped
+``oversize``        width or height > 1 (more than the whole image) -> line dropped
 ``zero_area``       width or height <= 0 -> line dropped
 ``duplicate``       exact duplicate of an earlier line (same values) -> dropped
 ``polygon``         polygon row -> converted to its bounding box (a fix, kept)
-``unreadable_image`` zero-byte / truncated / undecodable image -> image skipped
+``repaired_image``  damaged but decodable (a truncated JPEG/PNG) -> decoded with Pillow's
+                    ``LOAD_TRUNCATED_IMAGES`` (the missing part grey, as OpenCV does) and used
+``shared_label``    two images map to one label file (``x.jpg`` + ``x.JPG``/``x.png``) ->
+                    both kept with that file's boxes, warned naming both
+``label_elsewhere`` no label file where the ``images/ -> labels/`` rule looks, but a
+                    ``<stem>.txt`` beside the image or in a sibling ``labels/`` folder ->
+                    the image stays a background, warned naming both paths
+``unreadable_image`` zero-byte / undecodable image -> image skipped
 ``unreadable_label`` label file unreadable (I/O or not UTF-8 text) -> image skipped
 ==================  ==============================================================
 
-A missing or empty label file makes a *background* image (no boxes), without a warning.
+A missing or empty label file makes a *background* image (no boxes), without a warning,
+unless a label file for it exists elsewhere (``label_elsewhere``) or no image of the split
+has a label file at all (one warning stating the rule). Summaries count the rows that were
+clipped (kept) apart from the rows that were dropped (:attr:`ScanReport.rows_clipped`,
+:attr:`ScanReport.rows_dropped`). 16-bit images are converted to 8 bits by ``value / 257``
+(one log line with their count); a converted image whose brightest pixel is below
+:data:`DARK_16BIT_MAX` is warned about by name (its data likely uses only the low byte).
 """
 
 from __future__ import annotations
@@ -47,7 +62,7 @@ import numpy as np
 from PIL import Image
 
 from libreyolo_core.data.config import DataConfig, is_image_file
-from libreyolo_core.data.image import exif_size
+from libreyolo_core.data.image import allow_truncated, exif_size, to_rgb_array
 
 __all__ = [
     "CACHE_VERSION",
@@ -68,9 +83,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Bumped whenever the cache layout or the parsing rules change.
-CACHE_VERSION = 1
-#: Tolerance for coordinates just outside [0, 1] (clipped silently).
-COORD_TOLERANCE = 1e-3
+CACHE_VERSION = 2
+#: Rounding slack for coordinates just outside [0, 1] (labels written with 5-6 decimals,
+#: e.g. coco128's 1.0000005): snapped to the edge silently. Beyond it a row is ``clipped``.
+COORD_TOLERANCE = 1e-5
+#: A 16-bit image whose converted 8-bit maximum is below this is warned about as near-black.
+DARK_16BIT_MAX = 16
 #: Per-kind cap on individual warnings in one scan; the rest are only counted.
 MAX_WARNINGS_PER_KIND = 20
 
@@ -79,13 +97,21 @@ DEFECT_KINDS: dict[str, str] = {
     "malformed": "wrong column count (line dropped)",
     "non_numeric": "non-numeric or non-finite value (line dropped)",
     "bad_class": "class id not an integer or outside names (line dropped)",
-    "out_of_bounds": "coordinates outside [0, 1] (box clipped; dropped if nothing left)",
+    "out_of_bounds": "box wholly outside the image (line dropped)",
+    "oversize": "width or height > 1 (line dropped)",
     "zero_area": "zero-area box (line dropped)",
     "duplicate": "exact duplicate line (dropped)",
+    "clipped": "coordinates outside [0, 1] (box clipped to the image, kept)",
     "polygon": "polygon converted to its bounding box",
-    "unreadable_image": "unreadable, truncated or zero-byte image (image skipped)",
+    "repaired_image": "truncated but decodable image (missing part grey; used)",
+    "shared_label": "several images share one label file (all kept)",
+    "label_elsewhere": "label file not where images/ -> labels/ looks (image is a background)",
+    "unreadable_image": "unreadable or zero-byte image (image skipped)",
     "unreadable_label": "unreadable label file (image skipped)",
 }
+#: Defect kinds that drop a label row (the rest fix, keep or skip whole images).
+ROW_DROPPED_KINDS = ("malformed", "non_numeric", "bad_class", "out_of_bounds", "oversize",
+                     "zero_area", "duplicate")
 
 
 class DatasetError(ValueError):
@@ -130,6 +156,8 @@ class ScanReport:
         cache_path: where the cache lives (or would live); ``None`` when caching is off.
         from_cache: True when this report was loaded from the cache.
         source: description of the split (e.g. ``"/d/coco.yaml: split 'train'"``).
+        n_16bit: usable 16-bit images (converted to 8 bits by ``value / 257``).
+        dark_16bit: those of them whose converted maximum is below :data:`DARK_16BIT_MAX`.
     """
 
     records: list[ImageRecord]
@@ -143,6 +171,19 @@ class ScanReport:
     cache_path: Path | None = None
     from_cache: bool = False
     source: str | None = None
+    n_16bit: int = 0
+    dark_16bit: list[str] = field(default_factory=list)
+
+    @property
+    def rows_clipped(self) -> int:
+        """Label rows clipped to the image and kept."""
+        return self.defects.get("clipped", 0)
+
+    @property
+    def rows_dropped(self) -> int:
+        """Label rows dropped (malformed, non-numeric, bad class, outside, oversize,
+        zero-area, duplicate)."""
+        return sum(self.defects.get(k, 0) for k in ROW_DROPPED_KINDS)
 
     @property
     def n_usable(self) -> int:
@@ -191,6 +232,10 @@ class ScanReport:
             "classes_present": len(self.classes_present),
             "class_counts": {self.names.get(k, str(k)): v for k, v in self.class_counts.items()},
             "defects": dict(self.defects),
+            "rows_clipped": self.rows_clipped,
+            "rows_dropped": self.rows_dropped,
+            "images_16bit": self.n_16bit,
+            "dark_16bit": list(self.dark_16bit),
             "skipped": [{"image": p, "reason": r} for p, r in self.skipped],
             "orphan_labels": [str(p) for p in self.orphan_labels],
             "cache": str(self.cache_path) if self.cache_path else None,
@@ -291,8 +336,13 @@ def parse_label_text(
             if w <= 0 or h <= 0:
                 issue("zero_area", lineno, f"box width/height {w:g}x{h:g} <= 0; line dropped")
                 continue
+            if w > 1 + COORD_TOLERANCE or h > 1 + COORD_TOLERANCE:
+                issue("oversize", lineno, f"box width/height {w:g}x{h:g}: more than the whole image "
+                      "(normalised values are at most 1); line dropped")
+                continue
             x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
         tol = COORD_TOLERANCE
+        x1r, y1r, x2r, y2r = x1, y1, x2, y2
         outside = x1 < -tol or y1 < -tol or x2 > 1 + tol or y2 > 1 + tol
         x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
         if x2 - x1 <= 0 or y2 - y1 <= 0:
@@ -302,10 +352,15 @@ def parse_label_text(
                 issue("zero_area", lineno, "zero-area box; line dropped")
             continue
         if outside:
-            issue("out_of_bounds", lineno, "coordinates outside [0, 1]; box clipped to the image")
+            issue("clipped", lineno, f"box x {_span(x1r, x2r)} y {_span(y1r, y2r)} outside [0, 1]; "
+                  "clipped to the image and kept")
         rows.append((c, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1))
     labels = np.array(rows, dtype=np.float32).reshape(-1, 5)
     return labels, issues
+
+
+def _span(a: float, b: float) -> str:
+    return f"{a:.6g}..{b:.6g}"
 
 
 def _is_float(token: str) -> bool:
@@ -328,35 +383,58 @@ class _Result:
     label_missing: bool = False
     issues: list[LabelIssue] = field(default_factory=list)
     skip_reason: str | None = None
+    damage: str | None = None  # why a tolerant decode is needed (set by the header read)
+    bits16: bool = False
+    dark16: int | None = None  # converted 8-bit maximum of a near-black 16-bit image
 
 
-def _read_image_header(im_file: Path) -> tuple[int, int]:
-    """Displayed ``(h, w)`` of an image, checking it is not zero-byte/truncated/corrupt.
-
-    Raises ``ValueError`` (or an ``OSError``) with the reason otherwise.
-    """
+def _read_image_header(im_file: Path, res: _Result) -> tuple[int, int]:
+    """Displayed ``(h, w)`` of an image; notes damage (truncated / failed checks) and
+    16-bit conversion on ``res``. Raises ``ValueError`` (or an ``OSError``) when the file
+    cannot even be opened (zero-byte, unknown format)."""
     if os.path.getsize(im_file) == 0:
         raise ValueError("zero-byte file")
     with Image.open(im_file) as im:
-        im.verify()  # structure / CRC checks without a full decode; must come first
-    with Image.open(im_file) as im:  # verify() leaves the object unusable: reopen
         fmt = im.format
         w, h = exif_size(im)
+        mode = im.mode
     if w < 1 or h < 1:
         raise ValueError(f"invalid size {w}x{h}")
-    if fmt == "JPEG":
+    try:
+        with Image.open(im_file) as im:
+            im.verify()  # structure / CRC checks without a full decode
+    except Exception as e:  # noqa: BLE001 - any check failure: try a tolerant decode later
+        res.damage = str(e) or type(e).__name__
+    if fmt == "JPEG" and res.damage is None:
         with open(im_file, "rb") as f:
             f.seek(-min(64, os.path.getsize(im_file)), os.SEEK_END)
             tail = f.read()
         if not tail.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9"):
-            raise ValueError("truncated JPEG (no end-of-image marker)")
+            res.damage = "truncated JPEG (no end-of-image marker)"
+    if res.damage is None and (mode.startswith("I;16") or mode == "I"):
+        _check_16bit(im_file, res)
     return h, w
+
+
+def _check_16bit(im_file: Path, res: _Result) -> None:
+    """Decode a 16/32-bit integer image: flag it when :func:`to_rgb_array` scales it by
+    1/257, and note a near-black result (all data in the low byte)."""
+    with Image.open(im_file) as im:
+        im.load()
+        raw = np.asarray(im)
+        mode = im.mode
+        if mode == "I" and int(raw.max(initial=0)) <= 255:
+            return  # 8-bit values in a 32-bit container: copied as is
+        res.bits16 = True
+        top = int(to_rgb_array(im).max(initial=0))
+    if top < DARK_16BIT_MAX:
+        res.dark16 = top
 
 
 def _scan_one(im_file: Path, label_file: Path, nc: int) -> _Result:
     res = _Result(im_file, label_file)
     try:
-        res.shape = _read_image_header(im_file)
+        res.shape = _read_image_header(im_file, res)
     except Exception as e:  # any decoder error means: skip this image
         reason = str(e) or type(e).__name__
         res.skip_reason = reason
@@ -367,6 +445,13 @@ def _scan_one(im_file: Path, label_file: Path, nc: int) -> _Result:
     except FileNotFoundError:
         res.label_missing = True
         res.labels = np.zeros((0, 5), np.float32)
+        elsewhere = _label_elsewhere(im_file, label_file)
+        if elsewhere is not None:
+            res.issues.append(LabelIssue(
+                "label_elsewhere",
+                f"{im_file}: no label file at {label_file} (the images/ -> labels/ rule), but "
+                f"{elsewhere} exists; the image is used as a background. Move the labels to "
+                "the rule's place (or put the images under an 'images' folder)"))
         return res
     except (OSError, UnicodeDecodeError) as e:
         res.skip_reason = f"unreadable label file {label_file}: {e}"
@@ -376,6 +461,32 @@ def _scan_one(im_file: Path, label_file: Path, nc: int) -> _Result:
         return res
     res.labels, res.issues = parse_label_text(text, nc, str(label_file))
     return res
+
+
+def _label_elsewhere(im_file: Path, label_file: Path) -> Path | None:
+    """A ``<stem>.txt`` for this image outside the rule's place: beside the image, or in a
+    ``labels`` folder beside the image's folder (``d/imgs/a.jpg`` -> ``d/labels/a.txt``)."""
+    stem = im_file.stem + ".txt"
+    for cand in (im_file.parent / stem, im_file.parent.parent / "labels" / stem,
+                 im_file.parent.parent / "labels" / im_file.parent.name / stem):
+        if cand != label_file and cand.is_file():
+            return cand
+    return None
+
+
+def _repair(res: _Result) -> None:
+    """Decode a damaged image tolerating truncation (serially: the Pillow flag is global);
+    a success keeps the image with a ``repaired_image`` warning, a failure skips it."""
+    try:
+        with allow_truncated(), Image.open(res.im_file) as im:
+            im.load()
+        res.issues.insert(0, LabelIssue(
+            "repaired_image", f"{res.im_file}: {res.damage}; decoded with the missing part grey "
+            "and used (re-save the file to silence this)"))
+    except Exception as e:  # noqa: BLE001 - undecodable even when tolerant
+        reason = f"{res.damage}; not decodable ({e})"
+        res.skip_reason = reason
+        res.issues = [LabelIssue("unreadable_image", f"{res.im_file}: {reason}; image skipped")]
 
 
 # --------------------------------------------------------------------------- scan
@@ -437,19 +548,29 @@ def scan_images(
             DatasetWarning,
             stacklevel=2,
         )
+    if report.n_16bit:
+        warnings.warn(
+            f"{what}: {report.n_16bit} 16-bit image(s) converted to 8 bits by value / 257 "
+            f"(65535 -> 255){f'; {len(report.dark_16bit)} of them near-black' if report.dark_16bit else ''}",
+            DatasetWarning,
+            stacklevel=2,
+        )
     if report.n_usable == 0:
         raise DatasetError(
             f"{what}: no usable images among {report.n_images} "
             f"({_defect_summary(report.defects) or 'none readable'})"
         )
     logger.info(
-        "%s: %d images (%d usable, %d backgrounds), %d boxes, %d defects%s",
+        "%s: %d images (%d usable, %d backgrounds), %d boxes, %d defects "
+        "(%d label rows clipped, %d dropped)%s",
         what,
         report.n_images,
         report.n_usable,
         report.n_backgrounds,
         report.n_boxes,
         report.n_defects,
+        report.rows_clipped,
+        report.rows_dropped,
         " (cached)" if report.from_cache else "",
     )
     return report
@@ -474,11 +595,26 @@ def _scan(
         results = list(
             pool.map(lambda a: _scan_one(a[0], a[1], nc), zip(im_files, label_files, strict=True))
         )
+    for res in results:
+        if res.damage is not None and res.skip_reason is None:
+            _repair(res)
+    by_label: dict[Path, list[_Result]] = {}
+    for res in results:
+        if res.skip_reason is None and not res.label_missing:
+            by_label.setdefault(res.label_file, []).append(res)
+    for label_file, group in by_label.items():
+        if len(group) > 1:
+            shown = " and ".join(str(r.im_file) for r in group)
+            group[0].issues.append(LabelIssue(
+                "shared_label", f"{label_file}: shared by {shown} (same name, different "
+                "extension); every one of them gets its boxes. Rename the images that are not "
+                "of these labels"))
     defects = dict.fromkeys(DEFECT_KINDS, 0)
     messages: list[str] = []
     records: list[ImageRecord] = []
     skipped: list[tuple[str, str]] = []
     n_missing = 0
+    n_16bit, dark = 0, []
     for res in results:
         for iss in res.issues:
             defects[iss.kind] += 1
@@ -489,7 +625,17 @@ def _scan(
             continue
         assert res.shape is not None and res.labels is not None
         n_missing += res.label_missing
+        n_16bit += res.bits16
+        if res.dark16 is not None:
+            dark.append(str(res.im_file))
+            messages.append(f"{res.im_file}: 16-bit image converted to 8 bits (value / 257) is "
+                            f"near-black (brightest pixel {res.dark16}/255): its data likely uses "
+                            "only the low byte; rescale the file to the full 16-bit range")
         records.append(ImageRecord(res.im_file, res.label_file, res.shape, res.labels))
+    if records and n_missing == len(records):
+        messages.append(f"{records[0].label_file.parent}: none of the {len(records)} images has a "
+                        "label file (rule: the last 'images' folder of an image path becomes "
+                        "'labels', the extension '.txt'); all are backgrounds")
     return ScanReport(
         records=records,
         names=dict(names),
@@ -498,6 +644,8 @@ def _scan(
         defects=defects,
         skipped=skipped,
         messages=messages,
+        n_16bit=n_16bit,
+        dark_16bit=dark,
     )
 
 
@@ -573,6 +721,8 @@ def _save_cache(path: Path, key: str, report: ScanReport) -> None:
         "defects": report.defects,
         "skipped": report.skipped,
         "messages": report.messages,
+        "n_16bit": report.n_16bit,
+        "dark_16bit": report.dark_16bit,
         "files": [str(r.im_file) for r in report.records],
     }
     labels = [r.labels for r in report.records]
@@ -642,6 +792,8 @@ def _load_cache(
             skipped=[(str(p), str(r)) for p, r in meta["skipped"]],
             messages=[str(m) for m in meta["messages"]],
             from_cache=True,
+            n_16bit=int(meta.get("n_16bit", 0)),
+            dark_16bit=[str(p) for p in meta.get("dark_16bit", [])],
         )
     except Exception as e:  # corrupt/foreign cache: rescan
         logger.info("ignoring unreadable label cache %s: %s", path, e)
@@ -667,6 +819,10 @@ def format_report(report: ScanReport) -> str:
         shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
         lines.append(f"  no boxes for:  {shown}")
     lines.append(f"  defects:       {report.n_defects}")
+    lines.append(f"  label rows:    {report.rows_clipped} clipped (kept), {report.rows_dropped} dropped")
+    if report.n_16bit:
+        lines.append(f"  16-bit images: {report.n_16bit} converted by value / 257, "
+                     f"{len(report.dark_16bit)} near-black")
     for kind, desc in DEFECT_KINDS.items():
         lines.append(f"    {kind:<17} {report.defects.get(kind, 0):>6}  {desc}")
     lines.append(f"  orphan label files (no image): {len(report.orphan_labels)}")

@@ -6,6 +6,11 @@ forward + backward passes at batch 1, 2, 4, ... on zero images, record the peak 
 of each, fit ``memory = a * batch + c`` and take the largest power of two strictly below
 the batch that would fill ``fraction`` of the device. Needs CUDA (memory statistics);
 anywhere else it logs that and returns the default.
+
+Fallbacks say what they did (one WARNING line with every probe's memory and the choice):
+too few probes or a non-increasing fit fall back to ``min(default, largest probe that
+fitted)``; the fitted batch never exceeds :data:`MAX_EXTRAPOLATION` times the largest probe
+that fitted; when not even batch 1 fits, :class:`AutobatchError` says so.
 """
 
 from __future__ import annotations
@@ -16,44 +21,78 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_BATCH", "probe_batch", "fit_batch", "global_batch", "autobatch"]
+__all__ = ["DEFAULT_BATCH", "MAX_EXTRAPOLATION", "AutobatchError", "choose_batch", "probe_batch", "fit_batch",
+           "global_batch", "autobatch"]
 
 log = logging.getLogger(__name__)
 
-#: Per-device batch used when autobatch cannot measure (no CUDA, too few points, errors).
+#: Per-device batch used when autobatch cannot measure (no CUDA); after probing, a fallback
+#: never exceeds the largest probe that fitted.
 DEFAULT_BATCH = 16
+#: The fitted batch is at most this many times the largest probe that fitted.
+MAX_EXTRAPOLATION = 4
 
 
-def fit_batch(sizes: list[int], memory: list[float], total: float, fraction: float = 0.60,
-              default: int = DEFAULT_BATCH) -> int:
-    """Per-device batch from probe points.
+class AutobatchError(RuntimeError):
+    """Not even batch 1 fits on the device (or probing failed before any probe fitted)."""
+
+
+def choose_batch(sizes: list[int], memory: list[float], total: float, fraction: float = 0.60,
+                 default: int = DEFAULT_BATCH) -> tuple[int, str]:
+    """Per-device batch from probe points, and why (for the log line).
 
     Args:
-        sizes: probed batch sizes.
-        memory: peak bytes of each probe (same length).
+        sizes: batch sizes that fitted (ascending).
+        memory: peak bytes of each (same length).
         total: device memory in bytes.
         fraction: share of ``total`` to fill (0.60).
-        default: returned when fewer than two points or a non-positive slope.
+        default: the fallback's upper bound when the points cannot be fitted.
 
     Returns:
-        The largest power of two strictly below ``(fraction * total - c) / a``, clamped
-        to ``[1, 1024]``.
+        ``(batch, reason)``: the largest power of two strictly below
+        ``(fraction * total - c) / a``, at least 1 and at most :data:`MAX_EXTRAPOLATION`
+        times ``max(sizes)`` (and 1024); with fewer than two points or a non-positive
+        slope, ``min(default, max(sizes))``.
+
+    Raises:
+        AutobatchError: ``sizes`` is empty (nothing fitted).
     """
+    if not sizes:
+        raise AutobatchError(f"autobatch: not even batch 1 fits in the device's {total / 2**30:.1f} GiB; "
+                             "lower imgsz, use a smaller model, or free the GPU")
+    largest = max(sizes)
     if len(sizes) < 2 or len(sizes) != len(memory):
-        return default
+        batch = min(default, largest)
+        return batch, (f"fallback: only {len(sizes)} probe fitted, so no fit; min(default {default}, "
+                       f"largest probe that fitted {largest}) = {batch}")
     x = torch.tensor(sizes, dtype=torch.float64)
     y = torch.tensor(memory, dtype=torch.float64)
     design = torch.stack((x, torch.ones_like(x)), 1)
     a, c = torch.linalg.lstsq(design, y[:, None]).solution[:, 0].tolist()
     if a <= 0:
-        return default
+        batch = min(default, largest)
+        return batch, (f"fallback: memory did not grow with the batch (slope {a / 2**20:.3g} MiB/image); "
+                       f"min(default {default}, largest probe that fitted {largest}) = {batch}")
     raw = (fraction * total - c) / a
+    fit = f"fit {c / 2**30:.2f} GiB + {a / 2**20:.1f} MiB/image fills {fraction:.0%} at {raw:.1f}"
     if raw <= 1:
-        return 1
+        return 1, f"{fit}: batch 1"
     power = 1
     while power * 2 < raw and power * 2 <= 1024:
         power *= 2
-    return power
+    cap = largest * MAX_EXTRAPOLATION
+    if power > cap:
+        while power > cap:
+            power //= 2
+        return power, (f"{fit}; capped at {power} = at most {MAX_EXTRAPOLATION}x the largest probe "
+                       f"that fitted ({largest})")
+    return power, f"{fit}: the largest power of two below, {power}"
+
+
+def fit_batch(sizes: list[int], memory: list[float], total: float, fraction: float = 0.60,
+              default: int = DEFAULT_BATCH) -> int:
+    """The batch of :func:`choose_batch` without its reason."""
+    return choose_batch(sizes, memory, total, fraction, default)[0]
 
 
 def global_batch(per_device: int, world_size: int, nbs: int | None) -> int:
@@ -96,8 +135,12 @@ def probe_batch(
     above 90 % of the device. ``autocast`` is a context factory (the run's AMP setting).
 
     Returns:
-        The fitted batch (see :func:`fit_batch`), or ``default`` on a non-CUDA device or
-        when probing fails (both logged).
+        The batch of :func:`choose_batch`, or ``default`` on a non-CUDA device (logged).
+        A probe failing with another error than out-of-memory ends the probing: the
+        points so far are used (none: :class:`AutobatchError`).
+
+    Raises:
+        AutobatchError: not even batch 1 fits (or the first probe failed).
     """
     if device.type != "cuda":
         log.warning("autobatch (batch=-1) needs a CUDA device to measure memory; %s has none, "
@@ -111,6 +154,7 @@ def probe_batch(
     sizes: list[int] = []
     memory: list[float] = []
     batch = 1
+    stopped = f"probed up to max_probe={max_probe}"
     try:
         while batch <= max_probe:
             torch.cuda.empty_cache()
@@ -122,6 +166,7 @@ def probe_batch(
                 _output_sum(out).backward()
                 peak = torch.cuda.max_memory_allocated(device)
             except torch.cuda.OutOfMemoryError:
+                stopped = f"batch {batch} ran out of memory"
                 break
             finally:
                 model.zero_grad(set_to_none=True)
@@ -130,17 +175,24 @@ def probe_batch(
             memory.append(float(peak))
             log.info("autobatch: batch %d uses %.2f GiB of %.1f GiB", batch, peak / 2**30, total / 2**30)
             if peak > 0.9 * total:
+                stopped = f"batch {batch} used over 90 % of the device"
                 break
             batch *= 2
-    except Exception as exc:  # noqa: BLE001 - a failed probe must not fail the run
-        log.warning("autobatch probe failed (%s); using batch=%d per device", exc, default)
-        return default
+    except Exception as exc:  # noqa: BLE001 - use the probes that fitted, say why it stopped
+        stopped = f"batch {batch} failed ({type(exc).__name__}: {str(exc)[:200]})"
+        if not sizes:
+            raise AutobatchError(f"autobatch: the first probe failed ({stopped}); set batch= explicitly") from exc
     finally:
         model.load_state_dict(buffers, strict=False)
         model.train(was_training)
         torch.cuda.empty_cache()
-    chosen = fit_batch(sizes, memory, total, fraction, default)
-    log.info("autobatch: batch %d per device (%.0f %% of %.1f GiB)", chosen, fraction * 100, total / 2**30)
+    measured = ", ".join(f"{b}: {m / 2**30:.2f} GiB" for b, m in zip(sizes, memory, strict=True))
+    try:
+        chosen, why = choose_batch(sizes, memory, total, fraction, default)
+    except AutobatchError as exc:
+        raise AutobatchError(f"{exc} ({stopped})") from None
+    log.warning("autobatch on %s (%.1f GiB): measured {%s}; %s; chose batch %d per device (%s)",
+                device, total / 2**30, measured, stopped, chosen, why)
     return chosen
 
 

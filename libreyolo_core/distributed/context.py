@@ -5,6 +5,12 @@ A run is distributed when the torchrun variables ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE`` are set and ``WORLD_SIZE > 1``; the spawn launcher
 (:mod:`libreyolo_core.distributed.spawn`) sets them inside each worker, so both launch
 paths meet here.
+
+Process-group timeout: :data:`TIMEOUT_ENV` (``LIBREYOLO_DIST_TIMEOUT_S``, seconds; default
+10800 = 3 h, long enough for rank 0 to validate a big set while the others wait). The
+trainer names the phase it is in (:func:`set_phase`: set-up and data scan, autobatch, a
+training epoch, the end-of-epoch wait while rank 0 validates and saves); a collective that
+times out raises :class:`CollectiveTimeoutError` naming that phase and the setting.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +30,12 @@ from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_d
 
 __all__ = [
     "PG_TIMEOUT",
+    "TIMEOUT_ENV",
+    "CollectiveTimeoutError",
+    "pg_timeout",
+    "set_phase",
+    "current_phase",
+    "timeout_error",
     "DistContext",
     "torchrun_env",
     "init_distributed",
@@ -34,8 +47,64 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Process-group timeout (reference D.3): long enough for rank 0's validation of a big set.
+#: Default process-group timeout (reference D.3): long enough for rank 0's validation of a
+#: big set. Override with :data:`TIMEOUT_ENV`.
 PG_TIMEOUT = datetime.timedelta(hours=3)
+#: Environment variable holding the process-group timeout in seconds.
+TIMEOUT_ENV = "LIBREYOLO_DIST_TIMEOUT_S"
+
+_phase = "start-up"
+_TIMEOUT_RE = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective waited longer than the process-group timeout; names the phase and the
+    setting (:data:`TIMEOUT_ENV`)."""
+
+
+def pg_timeout() -> datetime.timedelta:
+    """The process-group timeout: ``$LIBREYOLO_DIST_TIMEOUT_S`` seconds, else 3 h.
+
+    Raises:
+        ValueError: the variable is not a positive number (names it and the value).
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return PG_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds (default "
+                         f"{int(PG_TIMEOUT.total_seconds())})")
+    return datetime.timedelta(seconds=seconds)
+
+
+def set_phase(name: str) -> None:
+    """Say what this process is doing now (named by a collective that times out)."""
+    global _phase
+    _phase = name
+
+
+def current_phase() -> str:
+    """The last phase :func:`set_phase` named (``"start-up"`` before any)."""
+    return _phase
+
+
+def timeout_error(exc: BaseException) -> CollectiveTimeoutError | None:
+    """A :class:`CollectiveTimeoutError` for ``exc`` when it is a collective timeout (Gloo's
+    "Timed out waiting ...", NCCL's blocking-wait timeout), else None."""
+    if isinstance(exc, CollectiveTimeoutError) or not isinstance(exc, RuntimeError):
+        return None
+    if not _TIMEOUT_RE.search(str(exc)):
+        return None
+    seconds = int(pg_timeout().total_seconds())
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    return CollectiveTimeoutError(
+        f"a collective timed out after {seconds} s during {_phase}: another rank did not reach it "
+        f"in time (it failed, hung, or this phase is slower than the timeout). The timeout is "
+        f"{TIMEOUT_ENV} (seconds, default {int(PG_TIMEOUT.total_seconds())}). ({first})")
 
 
 @dataclass(frozen=True)
@@ -89,7 +158,8 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     Backend: NCCL when the job trains on CUDA and NCCL is built, else Gloo (so CPU-only
     machines, CI included, run real 2-rank DDP). Device: on CUDA the rank's GPU
     (:func:`~libreyolo_core.distributed.device.rank_device`: ``cuda:LOCAL_RANK``, or the
-    ``LOCAL_RANK``-th of ``device`` when it names one GPU per process), else the CPU (``device="cpu"`` forces the CPU even where CUDA exists). Timeout: 3 h.
+    ``LOCAL_RANK``-th of ``device`` when it names one GPU per process), else the CPU (``device="cpu"`` forces the CPU even where CUDA exists). Timeout: :func:`pg_timeout`
+    (``$LIBREYOLO_DIST_TIMEOUT_S``, default 3 h). Rank 0 logs the rendezvous address.
 
     Without the torchrun environment (or with ``WORLD_SIZE=1``) nothing is initialised and
     the context says ``world_size=1``.
@@ -98,6 +168,7 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
         DeviceError: a malformed ``device``, a CUDA index (or ``LOCAL_RANK``) this machine
             does not have, ``"mps"`` under DDP, or several devices named without a launcher
             (see :func:`~libreyolo_core.distributed.device.select_device`).
+        ValueError: a malformed ``$LIBREYOLO_DIST_TIMEOUT_S``.
     """
     env = torchrun_env()
     if env is None or env[2] == 1:
@@ -120,14 +191,20 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     else:
         torch_device = torch.device("cpu")
     backend = "nccl" if use_cuda and dist.is_nccl_available() else "gloo"
+    timeout = pg_timeout()
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"device_id": torch_device} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=PG_TIMEOUT, rank=rank, world_size=world_size, **kwargs)
+        set_phase("joining the process group (rendezvous)")
+        dist.init_process_group(backend, timeout=timeout, rank=rank, world_size=world_size, **kwargs)
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, backend=backend)
     if rank != 0:  # rank 0 speaks for the job; the others report errors only
         logging.getLogger("libreyolo_core").setLevel(logging.ERROR)
     log.info("DDP rank %d/%d (local %d) on %s, backend %s", rank, world_size, local_rank, torch_device,
              backend)
+    if rank == 0:
+        log.info("DDP rendezvous %s:%s (MASTER_ADDR:MASTER_PORT), %d ranks, collective timeout %d s (%s)",
+                 os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?"), world_size,
+                 int(timeout.total_seconds()), TIMEOUT_ENV)
     return ctx, torch_device
 
 
@@ -142,14 +219,20 @@ def broadcast_object(obj: Any, ctx: DistContext) -> Any:
     if not ctx.enabled:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    try:
+        dist.broadcast_object_list(box, src=0)
+    except RuntimeError as exc:
+        raise (timeout_error(exc) or exc) from exc
     return box[0]
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     """In-place sum of ``tensor`` over ranks; returns it (unchanged when not distributed)."""
     if ctx.enabled:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        except RuntimeError as exc:
+            raise (timeout_error(exc) or exc) from exc
     return tensor
 
 

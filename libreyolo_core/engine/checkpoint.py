@@ -12,7 +12,8 @@ weights), and for resuming (``last.pt`` only): ``train_model`` (raw weights),
 Tensor names in the file are LibreYOLO's (for YOLOv9 they differ from our module names;
 :mod:`libreyolo_core.weights.names`): :func:`save_checkpoint` renames on the way out,
 :func:`load_checkpoint` back on the way in, so the rest of the engine sees its own names.
-Writes are atomic: a temp file in the same folder, then ``os.replace``.
+Writes are atomic: a temp file in the same folder, then ``os.replace``. A state holding a
+NaN or an inf in any floating tensor is never written (:class:`NonFiniteCheckpointError`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "lean_state", "CheckpointError"]
+from libreyolo_core.engine.nonfinite import nonfinite_tensors
+
+__all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "lean_state", "CheckpointError",
+           "NonFiniteCheckpointError", "refuse_nonfinite"]
 
 SCHEMA_VERSION = "1.0"
 REQUIRED = ("model", "model_family", "size", "nc", "names")
@@ -37,26 +41,58 @@ class CheckpointError(ValueError):
     """A checkpoint file that is missing, unreadable or lacks required keys."""
 
 
+class NonFiniteCheckpointError(CheckpointError):
+    """A state to save (or a checkpoint to resume) holds NaN/inf tensors; ``keys`` names them."""
+
+    def __init__(self, message: str, keys: list[str] | tuple = ()):
+        super().__init__(message)
+        self.keys = list(keys)
+
+
+def refuse_nonfinite(state: dict[str, Any], path: str | Path, verb: str) -> None:
+    """Raise :class:`NonFiniteCheckpointError` (``"{path}: {verb}: N tensor(s) hold NaN or
+    inf (keys...)"``) when a floating tensor of ``state`` is not finite."""
+    bad = nonfinite_tensors(state)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f", ... ({len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise NonFiniteCheckpointError(
+            f"{path}: {verb}: {len(bad)} tensor(s) hold NaN or inf ({shown})", bad)
+
+
 def lean_state(state: dict[str, Any]) -> dict[str, Any]:
     """The inference part of a checkpoint ``state``: its metadata and ``model`` (the EMA
     weights) in float16, without the training state (about 4 MB for yolo9-t instead of 25).
-    Loading casts back to float32."""
+    A tensor with a value beyond float16's range (65504) stays float32, so the cast never
+    makes an inf. Loading casts back to float32."""
     lean = {k: v for k, v in state.items() if k not in RESUME_KEYS}
-    lean["model"] = {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()}
+    lean["model"] = {k: v.half() if _fits_half(v) else v for k, v in state["model"].items()}
     return lean
+
+
+def _fits_half(t: torch.Tensor) -> bool:
+    """True for a floating tensor whose values all fit float16 (empty tensors fit)."""
+    if not t.is_floating_point():
+        return False
+    return t.numel() == 0 or bool(t.detach().abs().max() <= torch.finfo(torch.float16).max)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """Write ``state`` to ``path`` atomically (temp file + rename); returns the path.
 
     ``model`` and ``train_model`` are written under LibreYOLO's tensor names for the
-    checkpoint's ``model_family``."""
+    checkpoint's ``model_family``.
+
+    Raises:
+        NonFiniteCheckpointError: a floating tensor of ``state`` holds NaN or inf (nothing
+            is written; an existing file at ``path`` is left as it was).
+    """
     from libreyolo_core.weights.names import to_libreyolo
 
     family = str(state.get("model_family", ""))
     state = {k: to_libreyolo(family, v) if k in STATE_KEYS and isinstance(v, dict) else v
              for k, v in state.items()}
     path = Path(path)
+    refuse_nonfinite(state, path, "not written")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -49,19 +49,24 @@ from libreyolo_core.distributed.context import (
     destroy_distributed,
     init_distributed,
     mean_normalizer,
+    set_phase,
+    timeout_error,
 )
 from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import (
     CheckpointError,
     lean_state,
     load_checkpoint,
+    refuse_nonfinite,
     save_checkpoint,
 )
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.freeze import freeze_modules, keep_frozen_eval
+from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite, grads_finite
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
+from libreyolo_core.engine.resume import check_resume_classes
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
 from libreyolo_core.models.registry import load_family, parse_model_name
@@ -97,7 +102,8 @@ class TrainingInterrupted(RuntimeError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """Too many consecutive non-finite losses: the run diverged."""
+    """The run diverged: ten consecutive non-finite losses, or an epoch in which no
+    optimizer step could be taken (every step non-finite or skipped by the AMP scaler)."""
 
 
 def fitness(metrics: dict[str, float]) -> float:
@@ -119,7 +125,9 @@ class Trainer:
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
             (under DDP every rank raises it at the same step).
-        NonFiniteLossError: ten non-finite losses in a row.
+        NonFiniteLossError: ten non-finite losses in a row, or an epoch without one
+            optimizer step taken (the message names the first bad step and loss terms).
+        NonFiniteCheckpointError: a checkpoint to write (or resume) holds NaN/inf.
         ValueError: a global ``batch`` not divisible by the world size.
     """
 
@@ -153,6 +161,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.nonfinite_skipped = 0
         self.nonfinite_streak = 0  # consecutive, across epochs
+        self.amp_skipped = 0  # optimizer steps the fp16 GradScaler skipped (inf/NaN grads)
+        self._steps_applied = 0  # optimizer steps taken (neither skipped nor scaler-skipped)
         self.profiler = None  # set in _setup only when cfg.profile
         self.profile_summary: dict[str, Any] | None = None
         self.profile_only = False
@@ -206,6 +216,7 @@ class Trainer:
         return ckpt
 
     def _setup(self) -> None:
+        set_phase("set-up (process group, data scan, model)")
         ckpt = self._resume_state()
         cfg = self.cfg
         owned = not (dist.is_available() and dist.is_initialized())
@@ -220,6 +231,8 @@ class Trainer:
         self.data_cfg = load_data_config(cfg.data)
         if not self.data_cfg.train:
             raise ValueError(f"{self.data_cfg.yaml_path}: key 'train' is missing")
+        if ckpt is not None:  # before the scan: a class mismatch is known from the yaml alone
+            check_resume_classes(ckpt, self._resume_path, self.data_cfg)
         self.names = dict(self.data_cfg.names)
         self.nc = len(self.names)
         train_report = scan_split(self.data_cfg, "train")
@@ -253,6 +266,10 @@ class Trainer:
             self.train_set, self.rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
             rank=self.dist.rank, world_size=self.dist.world_size, drop_last=visible >= self.rank_batch,
         )
+        if visible >= self.rank_batch and visible % self.rank_batch and main:
+            log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
+                     "batch of %d); shuffling drops other images each epoch", visible % self.rank_batch,
+                     visible, self.rank_batch)
         self.val_loader = None
         if val_report is not None:
             val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
@@ -307,6 +324,7 @@ class Trainer:
             )
         if ckpt is not None:
             self._load_resume(ckpt)
+        self.bn_guard = BatchNormGuard(self.model)  # a skipped step leaves BatchNorm as it was
         if ddp:
             cuda = self.device.type == "cuda"
             self.model = DistributedDataParallel(
@@ -333,6 +351,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.batch != -1:
             return cfg.batch
+        set_phase("autobatch (rank 0 probes batch sizes, the others wait)")
         batch = autobatch(self.model, cfg.imgsz, self.device, self.dist.world_size, cfg.nbs,
                           autocast=self.amp.autocast) if self.dist.is_main else None
         return int(broadcast_object(batch, self.dist))
@@ -358,6 +377,8 @@ class Trainer:
 
     def _load_resume(self, ckpt: dict[str, Any]) -> None:
         model = unwrap(self.model)
+        refuse_nonfinite({k: ckpt[k] for k in ("model", "train_model", "optimizer") if k in ckpt},
+                         self._resume_path, "cannot resume")
         try:
             model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         except RuntimeError as exc:
@@ -382,7 +403,9 @@ class Trainer:
             log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
                         "epochs= to train longer)", self._resume_path, self.cfg.epochs)
         else:
-            log.info("resuming %s from epoch %d", self._resume_path, self.start_epoch + 1)
+            step = self.start_epoch * self.steps_per_epoch
+            log.info("resuming %s from epoch %d at lr=%.6g (step %d of the %s schedule)", self._resume_path,
+                     self.start_epoch + 1, self.schedule.lr(step), step, self.schedule.kind)
         if self._resume_path.name != "last.pt" and self.dist.is_main:
             log.warning("resuming from %s (epoch %d), not last.pt: the later epochs of this run are "
                         "trained again and their results.csv rows replaced", self._resume_path.name,
@@ -464,7 +487,10 @@ class Trainer:
             status = "interrupted"
             raise
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            timeout = timeout_error(exc) if self.dist.enabled else None
+            error = f"{type(timeout or exc).__name__}: {timeout or exc}"
+            if timeout is not None:  # name the phase that waited and the setting bounding it
+                raise timeout from exc
             raise
         finally:
             if previous is not None:
@@ -472,6 +498,7 @@ class Trainer:
             if getattr(self, "events", None) is not None:
                 self.events.emit("run_end", status=status, best_epoch=self.best_epoch,
                                  metrics=self.best_metrics or self.metrics, error=error,
+                                 names=getattr(self, "names", None),
                                  nonfinite_skipped=self.nonfinite_skipped)
                 self.events.close()
             self._fire("on_train_end")
@@ -487,7 +514,9 @@ class Trainer:
             if epoch >= close_at and self.train_set.mosaic_enabled:
                 self._close_mosaic(epoch)
             t0 = time.perf_counter()
+            set_phase(f"training epoch {epoch + 1}")
             losses, lr = self._train_epoch(epoch)
+            set_phase(f"end of epoch {epoch + 1} (rank 0 validates and saves, the other ranks wait)")
             if self._stopping():
                 if self.profile_only:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
@@ -572,6 +601,8 @@ class Trainer:
         nb = len(loader)
         sums = torch.zeros(len(self.item_names), dtype=torch.float64)
         counted = 0
+        applied_before = self._steps_applied
+        first_bad = ""  # "step 3 (box=nan, ...)": the first non-finite step of the epoch
         lr = self.optimizer.param_groups[0]["lr"]
         t_start = time.perf_counter()
         images_seen = 0
@@ -588,6 +619,7 @@ class Trainer:
             window_end = (i + 1) % self.accumulate == 0 or i + 1 == nb
             if i % self.accumulate == 0:
                 lr = self.schedule.apply(self.optimizer, step)
+                self.bn_guard.snapshot()
             with prof.phase("to_device") if prof is not None else _NULL:
                 imgs = self.family.preprocess(batch.images.to(device, non_blocking=True))
                 targets = batch.targets.to(device, non_blocking=True)
@@ -618,10 +650,12 @@ class Trainer:
             if not finite:
                 self.nonfinite_streak += 1
                 self.nonfinite_skipped += 1
+                terms = describe_nonfinite(self.item_names, values[1:])
+                first_bad = first_bad or f"step {i + 1}/{nb} ({terms})"
                 log.warning("epoch %d step %d: non-finite loss (%s); optimizer step skipped",
-                            epoch + 1, i + 1, ", ".join(f"{n}={v:.4g}" for n, v in
-                                                        zip(self.item_names, values[1:], strict=True)))
+                            epoch + 1, i + 1, terms)
                 self.optimizer.zero_grad(set_to_none=True)
+                self.bn_guard.restore()  # the forward pass already moved the running stats
                 if prof is not None and prof.step_end():
                     self._finish_profile()
                     prof = None
@@ -666,6 +700,11 @@ class Trainer:
                 break
         if progress is not None:
             progress.close()
+        if nb and self._steps_applied == applied_before and not self._stopping():
+            why = (f"every loss was non-finite, the first at {first_bad}" if not counted else
+                   "every step had non-finite gradients (skipped by the AMP GradScaler or the fp32 check)")
+            raise NonFiniteLossError(f"epoch {epoch + 1}: no optimizer step was taken in {nb} steps: {why}. "
+                                     "The run diverged; try amp=False or a lower lr0")
         mean = self._mean_losses(sums, counted)
         return mean, lr
 
@@ -693,14 +732,33 @@ class Trainer:
 
     def _optimizer_step(self, prof=None) -> None:
         scaler = self.amp.scaler
+        if not scaler.is_enabled() and not grads_finite(self.model.parameters()):
+            # a finite loss with an inf/NaN gradient (fp32; the fp16 scaler checks itself)
+            self.nonfinite_skipped += 1
+            self.nonfinite_streak += 1
+            log.warning("non-finite gradients (the loss was finite); optimizer step skipped")
+            self.optimizer.zero_grad(set_to_none=True)
+            self.bn_guard.restore()
+            return
         with prof.phase("optimizer") if prof is not None else _NULL:
             if self.cfg.clip_max_norm:
                 scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_max_norm,
                                                foreach=True)
+            scale = scaler.get_scale() if scaler.is_enabled() else 0.0
             scaler.step(self.optimizer)
             scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
+        # fp16 AMP: the scaler skipped the step (inf/NaN gradients) iff it lowered the scale;
+        # the window then leaves no trace either (BatchNorm restored, EMA not blended)
+        if scaler.is_enabled() and scaler.get_scale() < scale:
+            self.amp_skipped += 1
+            self.bn_guard.restore()
+            log.log(logging.WARNING if self.amp_skipped % 100 == 0 else logging.DEBUG,
+                    "AMP GradScaler skipped a step for inf/NaN gradients (%d so far); scale now %g",
+                    self.amp_skipped, scaler.get_scale())
+            return
+        self._steps_applied += 1
         if self.ema is not None:
             with prof.phase("ema") if prof is not None else _NULL:
                 self.ema.update(self.model)
@@ -780,6 +838,8 @@ class Trainer:
             "save_dir": str(self.run_dir),
             "best_checkpoint": str(self.run_dir / "weights" / "best.pt"),
             "last_checkpoint": str(self.run_dir / "weights" / "last.pt"),
+            "names": self.names,  # class id -> name, the keys of per_class_AP
             "nonfinite_skipped": self.nonfinite_skipped,
+            "amp_skipped": self.amp_skipped,
             **({"profile": self.profile_summary} if self.profile_summary else {}),
         }

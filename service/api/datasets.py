@@ -25,7 +25,8 @@ from service.api.problems import Problem, error_responses
 from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
 from service.db.models import TERMINAL, Dataset, Job, new_id
 from service.settings import Settings
-from service.storage.zipsafe import UnsafeZipError, extract_zip
+from service.storage.roots import path_refusal
+from service.storage.zipsafe import UnsafeZipError, check_dataset_yaml, extract_zip
 
 __all__ = ["router"]
 
@@ -95,8 +96,8 @@ def dataset_public(ds: Dataset, settings: Settings) -> DatasetPublic:
 @router.post("/register", status_code=201, response_model=DatasetPublic,
              operation_id="datasets-register",
              responses={422: {"description": "path not absolute, not a yaml, or missing"}})
-def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionDep
-                     ) -> DatasetPublic:
+def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionDep,
+                     settings: SettingsDep) -> DatasetPublic:
     """Register a dataset yaml at a path visible to the workers (shared storage).
 
     Raises:
@@ -108,6 +109,9 @@ def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionD
                       field="path")
     if not path.is_file():
         raise Problem(422, f"path: {body.path!r} does not exist", field="path")
+    refusal = path_refusal(path, settings)
+    if refusal is not None:
+        raise Problem(422, f"path: {refusal}", field="path")
     ds = Dataset(owner_id=user.id, name=body.name, path=str(path), source="register",
                  status="ready", report=None)
     session.add(ds)
@@ -225,6 +229,11 @@ async def upload_dataset(
     if yaml_path is None:
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, "body: the zip holds no dataset yaml (e.g. data.yaml)", field="body")
+    try:
+        check_dataset_yaml(yaml_path, dest, settings.zip_limits())
+    except UnsafeZipError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise Problem(422, f"body: {exc}", field="body") from None
     report = _relative(await anyio.to_thread.run_sync(_scan, yaml_path, settings), dest)
     report["zip_sha256"] = sha256
     ds = Dataset(id=ds_id, owner_id=user.id, name=name, path=str(yaml_path), source="upload",
@@ -243,5 +252,4 @@ def _same_upload(session: SessionDep, owner_id: str, sha256: str) -> Dataset | N
 
 def _extract(part: Path, dest: Path, settings: Settings) -> None:
     with zipfile.ZipFile(part) as zf:
-        extract_zip(zf, dest, max_total_bytes=settings.max_uncompressed_bytes,
-                    max_ratio=settings.max_compression_ratio)
+        extract_zip(zf, dest, limits=settings.zip_limits())

@@ -9,12 +9,13 @@ import logging
 import re
 import time
 import typing
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
@@ -23,6 +24,7 @@ from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.files import FileDigest, RecordedDigest, current_digest, serve_file
 from service.api.model_refs import MODEL_ID, family_of_path, resolve_model_id
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
@@ -39,9 +41,10 @@ from service.api.schemas import (
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
 from service.queue import enqueue, queue_for
+from service.storage.roots import path_refusal
 from service.workers import live_queues, unserved_warning, waiting_reason
 
-__all__ = ["router", "job_public", "send_file"]
+__all__ = ["router", "job_public"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -191,8 +194,10 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
     return str(path), family
 
 
-def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool) -> str:
-    """Dataset id -> its yaml path; a path must be absolute (and exist when checked)."""
+def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool, settings: Any) -> str:
+    """Dataset id -> its yaml path; a path must be absolute (and exist when checked) and
+    allowed by :func:`~service.storage.roots.path_refusal` (dataset roots; never inside
+    the upload or artifact root: uploads are used by id)."""
     if not data.startswith("/"):
         ds = session.get(Dataset, data)
         if ds is None or (ds.owner_id != user.id and not user.is_admin):
@@ -204,6 +209,9 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
         raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
     if check and not path.is_file():
         raise Problem(422, f"data: {data!r} does not exist", field="data")
+    refusal = path_refusal(path, settings)
+    if refusal is not None:
+        raise Problem(422, f"data: {refusal}", field="data")
     return data
 
 
@@ -260,7 +268,7 @@ def submit_job(
             return job_public(existing)
     model, family = _resolve_model(session, user, store, body.model)
     params = _validate_params(body, gpus, family)
-    data = _resolve_data(session, user, body.data, settings.check_data_paths)
+    data = _resolve_data(session, user, body.data, settings.check_data_paths, settings)
     if family is None:
         model = resolve_config({"model": body.model}).model
     live = live_queues(session, settings.worker_ttl_s)
@@ -501,6 +509,10 @@ def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> Artif
                            .order_by(Artifact.path)).all()
     url = f"/v1/jobs/{job.id}/artifacts/"
     if rows:
+        for a in rows:  # a file rewritten since it was recorded is listed with its new digest
+            file = store.resolve(job.id, a.path)
+            if file is not None:
+                _artifact_digest(session, a, file)
         data = [ArtifactPublic(path=a.path, kind=a.kind, size_bytes=a.size_bytes,
                                sha256=a.sha256, url=url + a.path) for a in rows]
     else:
@@ -511,8 +523,8 @@ def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> Artif
     return ArtifactsList(data=data)
 
 
-@router.get(
-    "/{job_id}/artifacts/{path:path}", operation_id="jobs-artifact-download",
+@router.api_route(
+    "/{job_id}/artifacts/{path:path}", methods=["GET", "HEAD"], operation_id="jobs-artifact-download",
     responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
                206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
 )
@@ -520,12 +532,16 @@ def download_artifact(
     job: OwnedJob, path: str, session: SessionDep, store: StoreDep,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
-    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``).
+    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``);
+    ``HEAD`` gives the same headers without the body.
 
-    Supports ``Range`` (206), ``ETag`` / ``If-None-Match`` (304; the ETag is the sha256
-    once recorded) and sends ``X-Content-SHA256``. ``timeline.html`` is served inline as
-    HTML under a Content-Security-Policy that blocks all network access; every other
-    file is an attachment.
+    The ``ETag`` (``"<sha256>"``), ``X-Content-SHA256`` and ``Repr-Digest`` describe the
+    bytes served: a file changed since its digest was recorded (a resume rewrote
+    ``last.pt``) is hashed again and its record updated. ``If-None-Match`` gives 304 only
+    for the current ETag; ``Range`` gives 206, unless ``If-Range`` carries another
+    validator (then the whole file, 200). ``timeline.html`` is served inline as HTML under
+    a Content-Security-Policy that blocks all network access; every other file is an
+    attachment. See :mod:`service.api.files`.
 
     Raises:
         404: no such file, or the path leaves the run directory (``..``, absolute, symlink).
@@ -535,31 +551,27 @@ def download_artifact(
         raise Problem(404, f"artifact {path!r} not found in job {job.id}")
     rel = file.relative_to(store.run_dir(job.id).resolve()).as_posix()
     row = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == rel))
-    return send_file(file, sha256=row.sha256 if row is not None else None,
-                     if_none_match=if_none_match)
-
-
-def send_file(file: Path, *, sha256: str | None, if_none_match: str | None,
-              filename: str | None = None) -> Response:
-    """A stored file as a download (job artifacts and registered models share it).
-
-    ``Range`` (206) comes from ``FileResponse``; with a known ``sha256`` the ``ETag`` is it,
-    ``If-None-Match`` answers 304, and ``X-Content-SHA256`` / ``Repr-Digest`` are sent.
-    ``timeline.html`` is inline HTML under :data:`TIMELINE_CSP`; every other file is an
-    attachment named ``filename`` (default: the file's name).
-    """
-    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-cache"}
-    if sha256 is not None:
-        etag = f'"{sha256}"'
-        headers["ETag"] = etag
-        headers["X-Content-SHA256"] = sha256
-        headers["Repr-Digest"] = "sha-256=:" + base64.b64encode(
-            bytes.fromhex(sha256)).decode() + ":"
-        if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
-            return Response(status_code=304, headers=headers)
+    digest = _artifact_digest(session, row, file) if row is not None else None
     if file.name == "timeline.html":
-        headers["Content-Security-Policy"] = TIMELINE_CSP
-        return FileResponse(file, media_type="text/html; charset=utf-8", headers=headers,
-                            filename=file.name, content_disposition_type="inline")
-    return FileResponse(file, media_type="application/octet-stream", headers=headers,
-                        filename=filename or file.name, content_disposition_type="attachment")
+        return serve_file(file, digest, if_none_match, media_type="text/html; charset=utf-8",
+                          disposition="inline", headers={"Content-Security-Policy": TIMELINE_CSP})
+    return serve_file(file, digest, if_none_match)
+
+
+def _artifact_digest(session: SessionDep, row: Artifact, file: Path) -> FileDigest:
+    """The artifact's digest now; a changed file's new sha256 and size are stored."""
+    digest = current_digest(file, RecordedDigest(row.sha256, row.size_bytes, row.created_at))
+    if digest.changed:
+        log.info("artifact %s of job %s changed on disk since it was recorded: sha256 %s -> %s",
+                 row.path, row.job_id, row.sha256[:12], digest.sha256[:12])
+        row.sha256, row.size_bytes, row.created_at = digest.sha256, digest.size, utcnow()
+        session.commit()
+    elif _stale_record(row, digest):
+        row.created_at = utcnow()  # touched, same bytes: skip the hash next time
+        session.commit()
+    return digest
+
+
+def _stale_record(row: Artifact, digest: FileDigest) -> bool:
+    at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    return digest.stat.st_mtime > at.timestamp()

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from libreyolo_core.models.registry import ModelNameError, parse_model_name
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep
-from service.api.jobs import send_file
+from service.api.files import RecordedDigest, current_digest, serve_file
 from service.api.model_refs import model_store, visible
 from service.api.problems import Problem
 from service.db.models import ACTIVE, Job, Model, User, new_id
@@ -201,8 +201,8 @@ def get_model(model: OwnedModel) -> ModelPublic:
     return _public(model)
 
 
-@router.get(
-    "/{model_id}/file", operation_id="models-download",
+@router.api_route(
+    "/{model_id}/file", methods=["GET", "HEAD"], operation_id="models-download",
     responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
                206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
 )
@@ -210,8 +210,10 @@ def download_model(
     model: OwnedModel,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
 ) -> Response:
-    """Download the model's weights file: ``Range`` (206), ``ETag`` (the sha256) and
-    ``If-None-Match`` (304), ``X-Content-SHA256``, as job artifacts.
+    """Download the model's weights file (``HEAD``: the headers alone), with the rules of
+    job artifacts (:mod:`service.api.files`): ``Range`` (206; a stale ``If-Range`` gets the
+    whole file), ``ETag`` = the sha256 of the bytes served, ``If-None-Match`` (304),
+    ``X-Content-SHA256``.
 
     Raises:
         404: no such model, or its file is missing.
@@ -219,8 +221,8 @@ def download_model(
     file = Path(model.path)
     if not file.is_file():
         raise Problem(404, f"the file of model {model.id!r} is missing on the server")
-    return send_file(file, sha256=model.sha256, if_none_match=if_none_match,
-                     filename=f"{_safe_name(model.name)}.pt")
+    digest = current_digest(file, RecordedDigest(model.sha256, model.bytes, model.created_at))
+    return serve_file(file, digest, if_none_match, filename=f"{_safe_name(model.name)}.pt")
 
 
 def _safe_name(name: str) -> str:

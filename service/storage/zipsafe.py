@@ -1,26 +1,67 @@
-"""Safe extraction of uploaded dataset zips.
+"""Safe extraction of uploaded dataset zips, and the containment of their yaml.
 
 Checked before anything is extracted: no absolute paths, no ``..``, no symlinks or other
-special files, bounded total inflated size and per-file compression ratio. While
-extracting, the bytes actually written are counted too (a lying header cannot inflate
-past the cap).
+special files, no duplicate names; bounded member count, per-member and total inflated
+size, per-member and whole-archive compression ratio, path depth and length
+(:class:`ZipLimits`; every refusal names the limit and its setting). While extracting,
+the bytes actually written are counted too (a lying header cannot inflate past the cap).
+
+After extraction :func:`check_dataset_yaml` bounds the dataset yaml (size, node count:
+no alias bombs) and keeps every path it names (``path:``, the splits, and the entries of
+``.txt`` image lists) inside the upload's own folder, so an upload cannot point at another
+upload's images.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-__all__ = ["UnsafeZipError", "check_zip", "extract_zip"]
+import yaml
+
+__all__ = ["UnsafeZipError", "ZipLimits", "check_dataset_yaml", "check_zip", "extract_zip"]
 
 #: files smaller than this are never flagged by the ratio check (tiny text compresses well).
 RATIO_MIN_BYTES = 1 << 20
 
 
 class UnsafeZipError(ValueError):
-    """A zip member that would escape the target, a special file, or a zip bomb."""
+    """A zip member that would escape the target, a special file, a zip bomb, a limit
+    passed, or a dataset yaml pointing outside its upload. The message names the member,
+    key or limit (and the limit's setting)."""
+
+
+@dataclass(frozen=True)
+class ZipLimits:
+    """What one uploaded archive may make the server spend (Settings field in brackets).
+
+    Attributes:
+        max_total_bytes: inflated size of all members [``max_uncompressed_bytes``].
+        max_ratio: inflated / compressed, per member over 1 MiB and for the whole archive
+            [``max_compression_ratio``].
+        max_members: files and folders [``max_zip_members``].
+        max_member_bytes: inflated size of one member [``max_zip_member_bytes``].
+        max_depth: folders in one member path [``max_zip_path_depth``].
+        max_path_chars: characters of one member path [``max_zip_path_chars``]; one
+            component is at most 255 bytes (the filesystems' limit).
+        max_yaml_bytes: size of the dataset yaml [``max_yaml_bytes``].
+        max_yaml_nodes: values in the parsed yaml, aliases counted each time they are
+            used [fixed: 100000].
+    """
+
+    max_total_bytes: int = 8 << 30
+    max_ratio: float = 200.0
+    max_members: int = 200_000
+    max_member_bytes: int = 1 << 30
+    max_depth: int = 32
+    max_path_chars: int = 1024
+    max_yaml_bytes: int = 1 << 20
+    max_yaml_nodes: int = 100_000
 
 
 def _member_path(name: str) -> PurePosixPath:
@@ -32,38 +73,77 @@ def _member_path(name: str) -> PurePosixPath:
     return path
 
 
-def check_zip(zf: zipfile.ZipFile, *, max_total_bytes: int, max_ratio: float) -> int:
-    """Validate every member; returns the total inflated size in bytes.
+def _limits(limits: ZipLimits | None, max_total_bytes: int | None, max_ratio: float | None) -> ZipLimits:
+    limits = limits or ZipLimits()
+    over = {k: v for k, v in (("max_total_bytes", max_total_bytes), ("max_ratio", max_ratio)) if v is not None}
+    return ZipLimits(**{**limits.__dict__, **over})
+
+
+def check_zip(zf: zipfile.ZipFile, *, max_total_bytes: int | None = None, max_ratio: float | None = None,
+              limits: ZipLimits | None = None) -> int:
+    """Validate every member against ``limits`` (``max_total_bytes``/``max_ratio``
+    override two of them); returns the total inflated size in bytes. Reads only the
+    central directory.
 
     Raises:
-        UnsafeZipError: naming the first offending member.
+        UnsafeZipError: naming the first offending member and the limit passed.
     """
-    total = 0
-    for info in zf.infolist():
-        _member_path(info.filename)
+    lim = _limits(limits, max_total_bytes, max_ratio)
+    infos = zf.infolist()
+    if len(infos) > lim.max_members:
+        raise UnsafeZipError(f"zip has {len(infos)} members, more than the limit of {lim.max_members} "
+                             "(max_zip_members)")
+    total = compressed = 0
+    seen: set[str] = set()
+    for info in infos:
+        path = _member_path(info.filename)
+        key = path.as_posix().rstrip("/")
+        if key in seen:
+            raise UnsafeZipError(f"zip member {info.filename!r} appears twice")
+        seen.add(key)
+        if len(info.filename) > lim.max_path_chars:
+            raise UnsafeZipError(f"zip member {info.filename[:80]!r}... has a path of {len(info.filename)} "
+                                 f"characters, more than the limit of {lim.max_path_chars} (max_zip_path_chars)")
+        if len(path.parts) - (0 if info.is_dir() else 1) > lim.max_depth:
+            raise UnsafeZipError(f"zip member {info.filename[:80]!r} is {len(path.parts)} folders deep, more "
+                                 f"than the limit of {lim.max_depth} (max_zip_path_depth)")
+        if any(len(part.encode()) > 255 for part in path.parts):
+            raise UnsafeZipError(f"zip member {info.filename[:80]!r} has a name longer than 255 bytes")
+        if info.file_size > lim.max_member_bytes:
+            raise UnsafeZipError(f"zip member {info.filename!r} inflates to {info.file_size} bytes, more than "
+                                 f"the limit of {lim.max_member_bytes} (max_zip_member_bytes)")
+        compressed += info.compress_size
         mode = info.external_attr >> 16
         if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             kind = "a symlink" if stat.S_ISLNK(mode) else "a special file"
             raise UnsafeZipError(f"zip member {info.filename!r} is {kind}")
         total += info.file_size
-        if total > max_total_bytes:
-            raise UnsafeZipError(f"zip inflates to more than {max_total_bytes} bytes "
-                                 f"(at member {info.filename!r})")
+        if total > lim.max_total_bytes:
+            raise UnsafeZipError(f"zip inflates to more than {lim.max_total_bytes} bytes "
+                                 f"(at member {info.filename!r}; max_uncompressed_bytes)")
         if info.file_size > RATIO_MIN_BYTES and \
-                info.file_size / max(info.compress_size, 1) > max_ratio:
+                info.file_size / max(info.compress_size, 1) > lim.max_ratio:
             raise UnsafeZipError(f"zip member {info.filename!r} has compression ratio "
-                                 f"{info.file_size / max(info.compress_size, 1):.0f} > {max_ratio:g}")
+                                 f"{info.file_size / max(info.compress_size, 1):.0f} > {lim.max_ratio:g} "
+                                 "(max_compression_ratio)")
+    if total > RATIO_MIN_BYTES and total / max(compressed, 1) > lim.max_ratio:
+        raise UnsafeZipError(f"zip inflates {total / max(compressed, 1):.0f} times its compressed size, more "
+                             f"than {lim.max_ratio:g} (max_compression_ratio; many small members)")
     return total
 
 
-def extract_zip(zf: zipfile.ZipFile, dest: Path, *, max_total_bytes: int, max_ratio: float) -> None:
+def extract_zip(zf: zipfile.ZipFile, dest: Path, *, max_total_bytes: int | None = None,
+                max_ratio: float | None = None, limits: ZipLimits | None = None) -> None:
     """Check, then extract into ``dest`` (created), never writing outside it.
 
     Raises:
         UnsafeZipError: see :func:`check_zip`; also when the bytes actually inflated pass
-            ``max_total_bytes``. ``dest`` is removed on error.
+            ``max_total_bytes`` (or one member's pass ``max_member_bytes``). ``dest`` is
+            removed on error.
     """
-    check_zip(zf, max_total_bytes=max_total_bytes, max_ratio=max_ratio)
+    lim = _limits(limits, max_total_bytes, max_ratio)
+    max_total_bytes = lim.max_total_bytes
+    check_zip(zf, limits=lim)
     dest.mkdir(parents=True, exist_ok=False)
     root = dest.resolve()
     written = 0
@@ -76,12 +156,101 @@ def extract_zip(zf: zipfile.ZipFile, dest: Path, *, max_total_bytes: int, max_ra
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
+            member = 0
             with zf.open(info) as src, open(target, "xb") as out:
                 while chunk := src.read(1 << 20):
                     written += len(chunk)
+                    member += len(chunk)
                     if written > max_total_bytes:
-                        raise UnsafeZipError(f"zip inflates to more than {max_total_bytes} bytes")
+                        raise UnsafeZipError(f"zip inflates to more than {max_total_bytes} bytes "
+                                             "(max_uncompressed_bytes)")
+                    if member > lim.max_member_bytes:
+                        raise UnsafeZipError(f"zip member {info.filename!r} inflates past "
+                                             f"{lim.max_member_bytes} bytes (max_zip_member_bytes)")
                     out.write(chunk)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+
+
+def _count_nodes(obj: Any, budget: int) -> int:
+    """Values in ``obj`` (shared/aliased values counted at every use); stops past ``budget``."""
+    count, stack = 0, [obj]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > budget:
+            return count
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(root)
+
+
+def check_dataset_yaml(yaml_path: Path, root: Path, limits: ZipLimits | None = None) -> None:
+    """Bound an uploaded dataset yaml and keep every path it names inside ``root``.
+
+    Follows the engine's rules (``libreyolo_core.data.config``): ``path`` relative to the
+    yaml's folder, splits relative to ``path``, ``.txt`` list entries relative to the
+    list's folder. Symlinks are resolved (an upload holds none, but a path may name one).
+
+    Raises:
+        UnsafeZipError: the yaml is too big (``max_yaml_bytes``) or has too many values
+            (an alias bomb), or ``path``, a split or a list entry resolves outside
+            ``root`` (the message names the key and the value).
+    """
+    lim = limits or ZipLimits()
+    root = Path(os.path.realpath(root))
+    name = yaml_path.name
+    size = yaml_path.stat().st_size
+    if size > lim.max_yaml_bytes:
+        raise UnsafeZipError(f"{name}: {size} bytes, more than the limit of {lim.max_yaml_bytes} (max_yaml_bytes)")
+    try:
+        doc = yaml.safe_load(yaml_path.read_text(encoding="utf-8-sig"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UnsafeZipError(f"{name}: not valid YAML ({exc})") from None
+    if _count_nodes(doc, lim.max_yaml_nodes) > lim.max_yaml_nodes:
+        raise UnsafeZipError(f"{name}: more than {lim.max_yaml_nodes} values once its aliases are expanded")
+    if not isinstance(doc, dict):
+        return  # the engine's scan reports the shape error
+    base = yaml_path.parent
+    value = doc.get("path")
+    if value not in (None, ""):
+        given = Path(str(value)).expanduser()  # the engine expands ~ too
+        base = given if given.is_absolute() else yaml_path.parent / given
+        if not _inside(base, root):
+            raise UnsafeZipError(f"{name}: key 'path': {value!r} leads outside the uploaded dataset; "
+                                 "split paths of an upload must stay inside its own folder")
+    for key in ("train", "val", "test"):
+        entries = doc.get(key)
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if entry in (None, "") or not isinstance(entry, str):
+                continue
+            given = Path(entry).expanduser()
+            target = given if given.is_absolute() else base / given
+            if not _inside(target, root):
+                raise UnsafeZipError(f"{name}: key {key!r}: {entry!r} leads outside the uploaded dataset; "
+                                     "split paths of an upload must stay inside its own folder")
+            if target.suffix.lower() == ".txt" and target.is_file():
+                _check_list(target, root, name, key, lim)
+
+
+def _check_list(list_file: Path, root: Path, name: str, key: str, lim: ZipLimits) -> None:
+    if list_file.stat().st_size > lim.max_member_bytes:
+        return  # extraction already bounded it; the scan reads it
+    text = list_file.read_text(encoding="utf-8-sig", errors="replace")
+    for lineno, line in enumerate(text.splitlines(), 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        given = Path(entry).expanduser()
+        target = given if given.is_absolute() else list_file.parent / given
+        if not _inside(target, root):
+            raise UnsafeZipError(f"{name}: key {key!r}: {list_file.name}:{lineno}: {entry!r} leads outside "
+                                 "the uploaded dataset; split paths of an upload must stay inside its own folder")

@@ -122,3 +122,30 @@ def test_coco128_yaml(coco128_ro: Path) -> None:
     cfg = load_data_config(coco128_ro / "coco128.yaml")
     assert len(cfg.train) == 128 and cfg.val == cfg.train
     assert cfg.nc == 80 and cfg.names[0] == "person" and cfg.names[79] == "toothbrush"
+
+
+def test_image_list_with_a_byte_order_mark_is_read(tmp_path) -> None:
+    from data_helpers import write_image
+
+    write_image(tmp_path / "images" / "a.jpg", fmt="JPEG")
+    (tmp_path / "train.txt").write_bytes("\ufeffimages/a.jpg\r\n".encode())
+    (tmp_path / "data.yaml").write_text("train: train.txt\nnames: [a]\n")
+    assert load_data_config(tmp_path / "data.yaml").train == [tmp_path / "images" / "a.jpg"]
+
+
+def test_unreadable_list_entry_is_printed_with_repr(tmp_path) -> None:
+    (tmp_path / "train.txt").write_text("images/\u200bb.jpg\n")  # an invisible character
+    (tmp_path / "data.yaml").write_text("train: train.txt\nnames: [a]\n")
+    with pytest.raises(DataConfigError, match=r"train.txt:1: image '.*images/\\u200bb.jpg' does not exist"):
+        load_data_config(tmp_path / "data.yaml")
+
+
+def test_missing_split_folder_names_value_resolved_path_and_rule(tmp_path) -> None:
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "data.yaml").write_text("train: ../train/images\nnames: [a]\n")
+    with pytest.raises(DataConfigError) as err:
+        load_data_config(tmp_path / "cfg" / "data.yaml")
+    msg = str(err.value)
+    assert "key 'train': folder '../train/images' resolves to " in msg
+    assert repr(str(tmp_path / "train" / "images")) in msg
+    assert f"relative to 'path:' {str(tmp_path / 'cfg')!r} (which defaults to the yaml's folder)" in msg

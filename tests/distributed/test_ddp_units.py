@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from libreyolo_core.config import resolve_config
-from libreyolo_core.distributed.autobatch import DEFAULT_BATCH, fit_batch, global_batch, probe_batch
+from libreyolo_core.distributed.autobatch import (
+    DEFAULT_BATCH,
+    MAX_EXTRAPOLATION,
+    AutobatchError,
+    choose_batch,
+    fit_batch,
+    global_batch,
+    probe_batch,
+)
 from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.context import init_distributed, torchrun_env
 from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device
@@ -47,13 +55,26 @@ def test_spawn_rejects_a_bad_batch_and_a_lambda_before_starting_any_process(tmp_
 def test_autobatch_fit_takes_the_power_of_two_below_the_memory_share():
     gib = 2**30
     # 1 GiB fixed + 0.5 GiB per image on an 80 GiB device: 60 % = 48 GiB -> raw 94 -> 64
-    sizes = [1, 2, 4, 8]
+    sizes = [1, 2, 4, 8, 16, 32]  # probes up to 32: 64 and 128 are within 4x of them
     memory = [gib + 0.5 * gib * b for b in sizes]
     assert fit_batch(sizes, memory, 80 * gib) == 64
     assert fit_batch(sizes, memory, 80 * gib, fraction=0.9) == 128  # raw 142
-    assert fit_batch([1], [gib], 80 * gib) == DEFAULT_BATCH  # one point: no fit
-    assert fit_batch([1, 2], [2 * gib, gib], 80 * gib) == DEFAULT_BATCH  # negative slope
     assert fit_batch([1, 2], [gib, 2 * gib], 1.5 * gib) == 1
+
+
+def test_autobatch_fallbacks_never_pass_the_largest_probe_that_fitted():
+    gib = 2**30
+    # one point (batch 2 ran out of memory): no fit, and never the default 16 > 1
+    batch, why = choose_batch([1], [gib], 80 * gib)
+    assert batch == 1 and "only 1 probe fitted" in why and "largest probe that fitted 1" in why
+    assert choose_batch([1, 2, 4, 8, 16, 32], [gib] * 6, 80 * gib)[0] == DEFAULT_BATCH  # flat: min(16, 32)
+    batch, why = choose_batch([1, 2], [2 * gib, gib], 80 * gib)  # negative slope
+    assert batch == 2 and "did not grow" in why
+    # an extrapolation stays within MAX_EXTRAPOLATION x the largest probe
+    batch, why = choose_batch([1, 2, 4], [gib + 0.01 * gib * b for b in (1, 2, 4)], 80 * gib)
+    assert batch == 4 * MAX_EXTRAPOLATION and f"at most {MAX_EXTRAPOLATION}x the largest probe" in why
+    with pytest.raises(AutobatchError, match="not even batch 1 fits in the device's 80.0 GiB"):
+        choose_batch([], [], 80 * gib)
 
 
 def test_global_batch_is_capped_by_nbs_and_a_multiple_of_world_size():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +33,7 @@ def test_run_directory_contents(sample_yaml, tmp_path):
     result = LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=2, project=tmp_path, **FAST)
     run = Path(result["save_dir"])
     assert run == tmp_path / "exp"
+    assert result["names"][0] == "circle" and set(result["per_class_AP"]) <= set(result["names"])
     assert {p.name for p in run.iterdir()} >= {"args.yaml", "results.csv", "events.jsonl", "weights"}
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
     rows = _rows(run)
@@ -54,7 +57,7 @@ def test_run_directory_contents(sample_yaml, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path, caplog):
     full = LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=3, project=tmp_path, name="full", **FAST)
 
     def stop_after_two(trainer):
@@ -66,7 +69,10 @@ def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path):
                                    callbacks={"on_epoch_end": [stop_after_two]}, **FAST)
     last = tmp_path / "cut" / "weights" / "last.pt"
     assert load_checkpoint(last)["epoch"] == 1
-    LibreYOLO("yolo9-t").train(data=sample_yaml, resume=str(last))
+    with caplog.at_level(logging.INFO, logger="libreyolo_core"):
+        LibreYOLO("yolo9-t").train(data=sample_yaml, resume=str(last))
+    assert re.search(r"resuming .*last.pt from epoch 3 at lr=[0-9.e-]+ \(step \d+ of the \w+ schedule\)",
+                     caplog.text), caplog.text[-2000:]
     a, b = _rows(Path(full["save_dir"])), _rows(tmp_path / "cut")
     assert len(a) == len(b) == 3
     for key in ("train/box_loss", "train/dfl_loss", "train/cls_loss", "metrics/mAP50", "metrics/mAP50-95"):

@@ -188,7 +188,8 @@ open(os.path.join(run, "results.csv"), "w").write("epoch,mAP50\n")
 open(os.path.join(run, "timeline.html"), "w").write("<html><script>1</script></html>")
 emit("artifact", path="results.csv", kind="results")
 emit("run_end", status="succeeded", best_epoch=epochs,
-     metrics={"mAP50": 0.1 * epochs, "mAP50-95": 0.05 * epochs})
+     metrics={"mAP50": 0.1 * epochs, "mAP50-95": 0.05 * epochs, "per_class_AP": {0: 0.05 * epochs}},
+     names={0: "circle"})
 print("done", flush=True)
 '''
 

@@ -75,6 +75,8 @@ def test_run_job_succeeds_with_ordered_events_and_artifacts(settings, sessions):
     job = job_row(sessions, job_id)
     assert job.status == "succeeded" and job.attempt == 1 and job.lease_owner is None
     assert job.result["best_epoch"] == 3 and job.result["metrics"]["mAP50"] == pytest.approx(0.3)
+    # the class names travel with per_class_AP (JSON keys: the class ids as strings)
+    assert job.result["names"] == {"0": "circle"} and set(job.result["metrics"]["per_class_AP"]) == {"0"}
     assert job.progress["epoch"] == 3
     store = ArtifactStore(settings.artifact_root)
     spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
