@@ -33,15 +33,25 @@ jobs_app = typer.Typer(help="submit and follow jobs on a service (the SDK in a t
 _OPTS: dict[str, Any] = {}
 
 
-@jobs_app.callback()
-def _options(
-    url: Annotated[str | None, typer.Option(envvar="LIBREYOLO_URL",
-                                            help="service URL, e.g. http://127.0.0.1:8000")] = None,
-    token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
-                                              help="bearer token")] = None,
-) -> None:
-    """Talk to a LibreYOLO service (URL and token default to what `up` saved)."""
-    _OPTS.update(url=url, token=token)
+def add_connection_options(app: typer.Typer, doc: str) -> None:
+    """Give ``app`` the ``--url`` / ``--token`` options (before its sub-command; or
+    ``LIBREYOLO_URL`` / ``LIBREYOLO_TOKEN``), kept for :func:`_client`; ``doc`` is the
+    group's help text."""
+
+    def _options(
+        url: Annotated[str | None, typer.Option(
+            envvar="LIBREYOLO_URL", help="service URL, e.g. http://127.0.0.1:8000")] = None,
+        token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
+                                                  help="bearer token")] = None,
+    ) -> None:
+        _OPTS.update(url=url, token=token)
+
+    _options.__doc__ = doc
+    app.callback()(_options)
+
+
+add_connection_options(
+    jobs_app, "Talk to a LibreYOLO service (URL and token default to what `up` saved).")
 
 
 @contextmanager

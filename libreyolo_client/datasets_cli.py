@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from libreyolo_client.cli import _OPTS, _client
+from libreyolo_client.cli import _client, add_connection_options
 
 __all__ = ["datasets_app"]
 
@@ -19,15 +19,9 @@ datasets_app = typer.Typer(help="upload, list and delete datasets on a service",
                            no_args_is_help=True, pretty_exceptions_enable=False)
 
 
-@datasets_app.callback()
-def _options(
-    url: Annotated[str | None, typer.Option(envvar="LIBREYOLO_URL",
-                                            help="service URL, e.g. http://127.0.0.1:8000")] = None,
-    token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
-                                              help="bearer token")] = None,
-) -> None:
-    """Manage your datasets on a LibreYOLO service (URL and token default to what `up` saved)."""
-    _OPTS.update(url=url, token=token)
+add_connection_options(
+    datasets_app,
+    "Manage your datasets on a LibreYOLO service (URL and token default to what `up` saved).")
 
 
 def _splits(report: dict | None) -> str:

@@ -15,7 +15,7 @@ import typer
 
 from libreyolo_client._models import Model
 from libreyolo_client._progress import format_bytes
-from libreyolo_client.cli import _OPTS, _client
+from libreyolo_client.cli import _client, add_connection_options
 
 __all__ = ["models_app"]
 
@@ -23,15 +23,9 @@ models_app = typer.Typer(help="register weights files and start jobs from them",
                          no_args_is_help=True, pretty_exceptions_enable=False)
 
 
-@models_app.callback()
-def _options(
-    url: Annotated[str | None, typer.Option(envvar="LIBREYOLO_URL",
-                                            help="service URL, e.g. http://127.0.0.1:8000")] = None,
-    token: Annotated[str | None, typer.Option(envvar="LIBREYOLO_TOKEN",
-                                              help="bearer token")] = None,
-) -> None:
-    """Registered models: uploads and published job checkpoints (pass the id as a job's model)."""
-    _OPTS.update(url=url, token=token)
+add_connection_options(
+    models_app,
+    "Registered models: uploads and published job checkpoints (pass the id as a job's model).")
 
 
 def _line(m: Model) -> str:
