@@ -140,6 +140,18 @@ def _zip_folder(folder: Path) -> Path:
     return Path(name)
 
 
+def _file_chunks(path: Path, total: int, report: ProgressFn | None) -> Iterator[bytes]:
+    """The bytes of ``path`` in ``CHUNK``-sized pieces for a streamed upload body, calling
+    ``report(sent, total)`` after each."""
+    sent = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sent += len(chunk)
+            yield chunk
+            if report:
+                report(sent, total)
+
+
 class Client(_Base):
     """Talks to a LibreYOLO training service.
 
@@ -390,17 +402,8 @@ class Client(_Base):
         report = _progress_fn(progress, f"upload {name}")
         try:
             total = zipped.stat().st_size
-
-            def body() -> Iterator[bytes]:
-                sent = 0
-                with open(zipped, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        sent += len(chunk)
-                        yield chunk
-                        if report:
-                            report(sent, total)
-
-            r = self._request("POST", "/v1/datasets", params={"name": name}, content=body(),
+            r = self._request("POST", "/v1/datasets", params={"name": name},
+                              content=_file_chunks(zipped, total, report),
                               idempotent=False,
                               headers={"Content-Type": "application/zip",
                                        "Content-Length": str(total)},
@@ -422,6 +425,7 @@ class Client(_Base):
             Conflict: a queued or running job uses it.
         """
         self._request("DELETE", f"/v1/datasets/{dataset_id}")
+
     # -- models -----------------------------------------------------------------------
     def upload_model(self, path: str | os.PathLike[str], name: str | None = None, *,
                      progress: bool | ProgressFn = False) -> Model:
@@ -448,17 +452,8 @@ class Client(_Base):
         name = name or src.stem
         report = _progress_fn(progress, f"upload {name}")
         total = src.stat().st_size
-
-        def body() -> Iterator[bytes]:
-            sent = 0
-            with open(src, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    sent += len(chunk)
-                    yield chunk
-                    if report:
-                        report(sent, total)
-
-        r = self._request("POST", "/v1/models", params={"name": name}, content=body(),
+        r = self._request("POST", "/v1/models", params={"name": name},
+                          content=_file_chunks(src, total, report),
                           idempotent=False,
                           headers={"Content-Type": "application/octet-stream",
                                    "Content-Length": str(total)},
