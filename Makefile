@@ -30,10 +30,14 @@ $(STAMP): pyproject.toml Makefile
 	# without a GPU. No CPU-only 2.14.1 wheel is reachable from this machine's indexes
 	# (checked with `pip install --dry-run torch==2.14.1`).
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
+	# (a reference libreyolo once installed into the venv itself took over bin/libreyolo)
+	$(BIN)/pip uninstall -y -q libreyolo 2>/dev/null || true
 	$(BIN)/pip install -e '.[dev,ref]'
-	# test-only reference library: without its dependencies (it pins opencv-python, which
-	# clashes with our opencv-python-headless); what it imports is in the `ref` extra
-	$(BIN)/pip install --no-deps libreyolo==$(LIBREYOLO_REF)
+	# test-only reference library, in its own folder that only the tests put on sys.path
+	# (tests/conftest.py): installed into the venv, its `libreyolo` command would replace
+	# ours. Without its dependencies: it pins opencv-python, which clashes with our
+	# opencv-python-headless; what it imports is in the `ref` extra.
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/reference libreyolo==$(LIBREYOLO_REF)
 	touch $(STAMP)
 
 test: setup

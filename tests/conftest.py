@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 COCO128 = Path(os.environ.get("COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
+#: the test-only reference ``libreyolo==1.6.0``, installed by ``make setup`` beside the venv
+#: (``pip install --target``) so that its ``libreyolo`` command never replaces ours.
+REFERENCE = Path(os.environ.get("LIBREYOLO_REFERENCE", REPO / ".venv" / "reference"))
+
+
+def pytest_configure(config) -> None:
+    """Make the reference library importable by the equivalence tests (appended last, so
+    nothing of ours is ever shadowed by it)."""
+    if REFERENCE.is_dir() and str(REFERENCE) not in sys.path:
+        sys.path.append(str(REFERENCE))
 
 
 @pytest.fixture(scope="session")

@@ -108,3 +108,16 @@ def test_train_help_shows_the_schema_defaults_and_ignores_help_as_a_value(capsys
 def test_help_through_the_console_script():
     out = libreyolo("predict", "--help")
     assert out.returncode == 0 and "no images are saved" in out.stdout
+
+
+def test_the_installed_libreyolo_command_is_ours():
+    """``bin/libreyolo`` of this environment runs our CLI (the test-only reference package
+    ships a command of the same name; ``make setup`` keeps it out of the venv)."""
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("libreyolo")
+    if not script.is_file():
+        pytest.skip(f"no console script at {script} (the package is not installed here)")
+    out = subprocess.run([str(script), "help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "libreyolo_core" in script.read_text() and "train" in out.stdout
