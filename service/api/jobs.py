@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
 
 from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
+from libreyolo_core.data.config import DataConfigError, load_data_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
@@ -195,24 +196,46 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
 
 
 def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool, settings: Any) -> str:
-    """Dataset id -> its yaml path; a path must be absolute (and exist when checked) and
-    allowed by :func:`~service.storage.roots.path_refusal` (dataset roots; never inside
-    the upload or artifact root: uploads are used by id)."""
+    """Dataset id -> its yaml path; a path must be absolute and allowed by
+    :func:`~service.storage.roots.path_refusal` (dataset roots; never inside the upload or
+    artifact root: uploads are used by id).
+
+    Raises:
+        Problem: 422 naming ``data``: an unknown or another user's dataset id, a dataset
+            whose scan failed (``status: invalid``, with the scan's reason), a path that
+            is not an absolute yaml, or (``check``) one the engine's torch-free
+            :func:`~libreyolo_core.data.config.load_data_config` refuses (missing file,
+            no ``names``, a split folder that does not exist...; its message).
+    """
     if not data.startswith("/"):
         ds = session.get(Dataset, data)
         if ds is None or (ds.owner_id != user.id and not user.is_admin):
             raise Problem(422, f"data: {data!r} is neither a dataset id nor an absolute yaml "
                           "path", field="data")
+        if ds.status == "invalid":
+            raise Problem(422, f"data: dataset {data} ({ds.name}) failed its scan: "
+                          f"{_scan_reason(ds.report)}", field="data")
         return ds.path
     path = Path(data)
     if path.suffix not in (".yaml", ".yml"):
         raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
-    if check and not path.is_file():
-        raise Problem(422, f"data: {data!r} does not exist", field="data")
     refusal = path_refusal(path, settings)
     if refusal is not None:
         raise Problem(422, f"data: {refusal}", field="data")
+    if check:
+        try:
+            load_data_config(path)
+        except DataConfigError as exc:
+            raise Problem(422, f"data: {exc}", field="data") from None
     return data
+
+
+def _scan_reason(report: dict[str, Any] | None) -> str:
+    """The last line a failed dataset scan printed (its error), or its exit code."""
+    report = report or {}
+    lines = [ln.strip() for ln in str(report.get("error") or report.get("output") or "")
+             .splitlines() if ln.strip()]
+    return lines[-1] if lines else f"the scan exited with {report.get('exit_code')}"
 
 
 @router.post(
@@ -222,8 +245,8 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
                    409: "Idempotency-Key reused with a different request, or (setting "
                         "refuse_unserved) no live worker serves the job's queue",
                    422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
-                        "an unknown model or params key, a data path that does not exist "
-                        "or a dataset id that is not yours, a batch that does not divide by "
+                        "an unknown model or params key, a data yaml the engine's loader "
+                        "refuses, a dataset id that is not yours or whose scan failed, a batch that does not divide by "
                         "the rank count; `field` names it"})},
 )
 def submit_job(

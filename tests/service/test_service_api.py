@@ -115,6 +115,33 @@ def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, wo
     assert len(alice.get("/v1/jobs", params={"limit": 200}).json()["data"]) == before
 
 
+@pytest.mark.parametrize("text, words", [
+    ("path: .\ntrain: images\nval: missing\nnames: {0: thing}\n", "key 'val'"),
+    ("path: .\ntrain: images\nval: images\n", "key 'names'"),
+])
+def test_submit_checks_the_yaml_with_the_engine_loader(alice, data_yaml, text, words):
+    bad = os.path.join(os.path.dirname(data_yaml), "bad.yaml")
+    with open(bad, "w") as f:
+        f.write(text)
+    r = submit(alice, bad)
+    assert r.status_code == 422 and r.json()["field"] == "data", r.text
+    assert "bad.yaml" in r.json()["detail"] and words in r.json()["detail"], r.text
+
+
+def test_submit_refuses_a_dataset_whose_scan_failed(alice, sessions, data_yaml):
+    from service.db.models import Dataset
+
+    ds = alice.post("/v1/datasets/register", json={"name": "broken", "path": data_yaml}).json()
+    with sessions() as s:
+        row = s.get(Dataset, ds["id"])
+        row.status, row.report = "invalid", {"ok": False, "exit_code": 3, "splits": {},
+                                             "output": "scanning...\nerror: 0 labelled images"}
+        s.commit()
+    r = submit(alice, ds["id"])
+    assert r.status_code == 422 and r.json()["field"] == "data", r.text
+    assert ds["id"] in r.json()["detail"] and "error: 0 labelled images" in r.json()["detail"]
+
+
 def test_missing_body_field_is_named(alice):
     r = alice.post("/v1/jobs", json={"kind": "train", "data": "/x.yaml"})
     assert r.status_code == 422 and r.json()["field"] == "model"
