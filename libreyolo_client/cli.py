@@ -54,6 +54,14 @@ add_connection_options(
     jobs_app, "Talk to a LibreYOLO service (URL and token default to what `up` saved).")
 
 
+def dest_option(*names: str) -> Any:
+    """A download's ``-o`` option: a file, or a folder (an existing one, or a path ending in
+    ``/``, created if missing). Declare it ``str | None``, not a Path: ``Path("models/")``
+    drops the slash that says "a folder" (the SDK's download reads the slash)."""
+    return typer.Option(*names, help="file, or folder (an existing one, or a path ending in "
+                                     "'/', created if missing); default: here")
+
+
 @contextmanager
 def _client() -> Iterator[Client]:
     """A client, turning SDK errors into a message and an exit code."""
@@ -299,10 +307,7 @@ def download(
     job_id: Annotated[str, typer.Argument(help="job id")],
     path: Annotated[str, typer.Argument(help="artifact path in the run directory")]
     = "weights/best.pt",
-    # A str, not a Path: Path("models/") drops the slash that says "a folder".
-    dest: Annotated[str | None, typer.Option(
-        "--dest", "-o", help="file, or folder (an existing one, or a path ending in '/', "
-                             "created if missing); default: here")] = None,
+    dest: Annotated[str | None, dest_option("--dest", "-o")] = None,
     list_: Annotated[bool, typer.Option("--list", "-l", help="list the artifacts")] = False,
 ) -> None:
     """Download an artifact (resumes an interrupted download; checks its sha256)."""

@@ -84,8 +84,8 @@ def test_cli_models_upload_list_show_publish_rm(stack, token, client, data_yaml,
     assert model_id.startswith("m") and "yolo9-t" in r.stdout
     assert model_id in run("list").stdout
     assert json.loads(run("show", model_id).stdout)["name"] == "cli"
-    r = run("download", model_id, "-o", str(tmp_path) + "/")
-    assert r.exit_code == 0 and (tmp_path / "cli.pt").read_bytes() == weights.read_bytes()
+    r = run("download", model_id, "-o", f"{tmp_path / 'newdir'}/")  # a folder, made
+    assert r.exit_code == 0 and (tmp_path / "newdir" / "cli.pt").read_bytes() == weights.read_bytes()
 
     job = _finished_job_with_best(client, stack, data_yaml, weights)
     r = run("publish", job.id, "--name", "from-cli")
