@@ -246,6 +246,8 @@ class _Run:
             for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
                 if k in ev:
                     self.progress[k] = ev[k]
+            if "epoch" in ev:  # kept in progress so that a resumed attempt still knows it
+                self.progress["epochs_completed"] = ev["epoch"]
             if ev.get("is_best"):
                 self.progress["best_epoch"] = ev.get("epoch")
         elif name == "artifact" and isinstance(ev.get("path"), str):
@@ -308,7 +310,8 @@ class _Run:
             "status": end.get("status"),
             "best_epoch": end.get("best_epoch", self.progress.get("best_epoch")),
             "metrics": end.get("metrics") or self.progress.get("metrics"),
-            "epochs_completed": self.progress.get("epoch"),
+            # the last epoch_end's epoch: a progress event's epoch may be one cut off
+            "epochs_completed": self.progress.get("epochs_completed", 0),
             "names": end.get("names"),  # class id -> name: the keys of metrics.per_class_AP
         }
         if self.profile is not None:

@@ -77,7 +77,7 @@ def test_run_job_succeeds_with_ordered_events_and_artifacts(settings, sessions):
     assert job.result["best_epoch"] == 3 and job.result["metrics"]["mAP50"] == pytest.approx(0.3)
     # the class names travel with per_class_AP (JSON keys: the class ids as strings)
     assert job.result["names"] == {"0": "circle"} and set(job.result["metrics"]["per_class_AP"]) == {"0"}
-    assert job.progress["epoch"] == 3
+    assert job.progress["epoch"] == 3 and job.result["epochs_completed"] == 3
     store = ArtifactStore(settings.artifact_root)
     spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
     assert spec["project"] == str(store.job_dir(job_id)) and spec["name"] == "run"
@@ -147,6 +147,9 @@ def test_cancel_running_job_kills_the_process_group(make_settings, db_url, ignor
     lines = engine_lines(ArtifactStore(settings.artifact_root).run_dir(job_id))
     if not ignore_term:  # the engine stopped cleanly: last.pt and run_end interrupted
         assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
+    # an epoch cut off by the cancel is not a completed one
+    ends = [e["epoch"] for e in lines if e["event"] == "epoch_end"]
+    assert job.result["epochs_completed"] == (ends[-1] if ends else 0), (job.result, ends)
     assert engine_events_in_db(events(sessions, job_id)) == lines
 
 
