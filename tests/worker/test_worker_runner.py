@@ -183,6 +183,7 @@ def test_worker_shutdown_requeues_for_resume(settings, sessions):
     assert out["s"] == "queued" and sent == [(job_id, "cpu", 0)]
     job = job_row(sessions, job_id)
     assert job.status == "queued" and job.attempt == 0  # a hand-back is not a failed attempt
+    assert _requeue_reasons(sessions, job_id) == ["worker shut down; re-queued, resuming from last.pt"]
     # the shutting-down worker takes the re-sent message itself: it hands it back without
     # starting (and killing) an attempt
     assert run_job(job_id, settings=settings, sessions=sessions, stop=stop,
@@ -215,6 +216,7 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["requeued"] == 1 and sent == [(job_id, "cpu", 0)]
     assert job_row(sessions, job_id).status == "queued"
+    assert "attempt 2 of 3, resuming from last.pt" in _requeue_reasons(sessions, job_id)[-1]
     assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
     job = job_row(sessions, job_id)
     assert job.attempt == 2
@@ -227,6 +229,23 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     assert ends == [1, 2, 3]
     statuses = [e.payload["status"] for e in evs if e.payload.get("event") == "status"]
     assert statuses == ["queued", "running", "queued", "running", "succeeded"]
+
+
+def _requeue_reasons(sessions, job_id) -> list[str]:
+    return [e.payload["reason"] for e in events(sessions, job_id)
+            if e.payload.get("status") == "queued" and "reason" in e.payload]
+
+
+def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions):
+    """Killed during epoch 1: no last.pt yet, so the next attempt starts again."""
+    job_id = new_job(sessions)
+    with sessions() as s:
+        transition(s, job_id, ["queued"], "running", attempt=1, lease_owner="dead:1",
+                   lease_expires_at=utcnow())
+        s.commit()
+    assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
+    [reason] = _requeue_reasons(sessions, job_id)
+    assert "attempt 2 of 3, starting again (no last.pt yet)" in reason and "resuming" not in reason
 
 
 def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):
