@@ -26,7 +26,12 @@ from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_bat
 from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
 from service.api.files import FileDigest, RecordedDigest, current_digest, serve_file
-from service.api.model_refs import MODEL_ID, family_of_path, resolve_model_id
+from service.api.model_refs import (
+    MODEL_ID_LIKE,
+    OTHER_MODEL_FORMS,
+    family_of_path,
+    resolve_model_id,
+)
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     ArtifactPublic,
@@ -93,7 +98,8 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
         cfg = resolve_config({**body.params, "model": family or body.model})
     except ConfigError as exc:
         field = "model" if exc.key == "model" else f"params.{exc.key}"
-        raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
+        more = f". {OTHER_MODEL_FORMS}" if field == "model" and family is None else ""
+        raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
                       allowed=_allowed_values(exc.key)) from None
     world = gpus or body.procs
     if (body.kind == "profile" or cfg.profile) and world > 1:
@@ -171,7 +177,7 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
         Problem 422 naming ``model``: a malformed reference, another user's or an unknown
         job, a path that leaves the job's run directory, or a missing / non-``.pt`` file.
     """
-    if MODEL_ID.fullmatch(model):
+    if MODEL_ID_LIKE.fullmatch(model):
         return resolve_model_id(session, user, model)
     if not model.startswith("job:"):
         return model, None

@@ -17,11 +17,18 @@ from service.db.models import Model, User
 from service.settings import Settings
 from service.storage.models import ModelStore
 
-__all__ = ["MODEL_ID", "describe_model_ref", "family_of_path", "model_store",
+__all__ = ["MODEL_ID", "MODEL_ID_LIKE", "OTHER_MODEL_FORMS", "describe_model_ref", "family_of_path", "model_store",
            "resolve_model_id", "visible"]
 
 #: a model id as jobs accept it in ``model``.
 MODEL_ID = re.compile(r"m[0-9a-f]{24}")
+#: text that is meant as a model id (``m`` and hex digits), mistyped or not: a job's
+#: ``model`` like this is looked up among the user's models, never as a family name.
+MODEL_ID_LIKE = re.compile(r"m[0-9a-f]{6,}")
+#: the other forms ``model`` takes, for an error about an unknown model name.
+OTHER_MODEL_FORMS = ("A registered model's id (m..., see `libreyolo-service models list`) "
+                     "or a checkpoint of an earlier job (job:<job id>/weights/best.pt) is "
+                     "also accepted.")
 
 
 def model_store(settings: Settings) -> ModelStore:
@@ -37,13 +44,16 @@ def visible(model: Model | None, user: User) -> bool:
 def resolve_model_id(session: Session, user: User, model_id: str) -> tuple[str, str]:
     """A job's ``model: "<model id>"`` -> ``(absolute path of the stored file, "<family>-<size>")``.
 
+    ``model_id`` may be any text :data:`MODEL_ID_LIKE` matches (a mistyped id is unknown).
+
     Raises:
         Problem 422 naming ``model``: an unknown model, another user's, or a model whose
             file is gone.
     """
     model = session.get(Model, model_id)
     if not visible(model, user):
-        raise Problem(422, f"model: model {model_id!r} not found", field="model")
+        raise Problem(422, f"model: no model {model_id} among your models (not found; see "
+                      "`libreyolo-service models list`)", field="model")
     if not Path(model.path).is_file():
         raise Problem(422, f"model: the file of model {model_id} is missing on the server",
                       field="model")

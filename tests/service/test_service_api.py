@@ -98,6 +98,9 @@ def test_submit_get_list(alice, data_yaml):
     ({"params": {"profile": True}, "procs": 2}, "procs", "does not run under DDP"),
     ({"params": {"project": "/tmp"}}, "params.project", "set by the service"),
     ({"model": "yolo9-q"}, "model", "unknown model"),
+    ({"model": "yolo9-q"}, "model", "registered model's id (m..., see `libreyolo-service models list`) "
+                                    "or a checkpoint of an earlier job (job:<job id>/weights/best.pt)"),
+    ({"model": "m01deadbeef"}, "model", "no model m01deadbeef among your models"),
     ({"gpus": 3}, "gpus", "not one of"),
     ({"data": "/nope/data.yaml"}, "data", "does not exist"),
     ({"data": "relative.yaml"}, "data", "neither a dataset id"),
