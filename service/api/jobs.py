@@ -29,6 +29,7 @@ from service.api.files import FileDigest, RecordedDigest, current_digest, serve_
 from service.api.model_refs import (
     MODEL_ID_LIKE,
     OTHER_MODEL_FORMS,
+    describe_model_ref,
     family_of_path,
     resolve_model_id,
 )
@@ -66,14 +67,19 @@ TIMELINE_CSP = (
 _NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
-def job_public(job: Job, live: dict[str, int] | None = None) -> JobPublic:
+def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = None,
+               settings: Any = None) -> JobPublic:
     """Public view of a job row; with ``live`` (:func:`service.workers.live_queues`) a
-    queued job no live worker serves gets its ``waiting`` reason."""
+    queued job no live worker serves gets its ``waiting`` reason; with ``session`` and
+    ``settings``, ``started_from`` (:func:`~service.api.model_refs.describe_model_ref`,
+    as the job page's "Started from" says it)."""
     duration = None
     if job.started_at and job.finished_at:
         duration = (job.finished_at - job.started_at).total_seconds()
     out = JobPublic.model_validate(job)
     out.duration_s = duration
+    if session is not None and settings is not None:
+        out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live)
     return out
@@ -294,7 +300,7 @@ def submit_job(
         existing = _idempotent_job(session, user.id, idempotency_key, request_sha)
         if existing is not None:
             response.status_code = 200
-            return job_public(existing)
+            return job_public(existing, session=session, settings=settings)
     model, family = _resolve_model(session, user, store, body.model)
     params = _validate_params(body, gpus, family)
     data = _resolve_data(session, user, body.data, settings.check_data_paths, settings)
@@ -324,7 +330,7 @@ def submit_job(
         if existing is None:
             raise
         response.status_code = 200
-        return job_public(existing)
+        return job_public(existing, session=session, settings=settings)
     append_events(session, job.id, [("status", time.time(), {"event": "status",
                                                               "status": "queued"})])
     session.commit()
@@ -335,7 +341,7 @@ def submit_job(
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    out = job_public(job, live)
+    out = job_public(job, live, session=session, settings=settings)
     out.warnings = warnings
     return out
 
@@ -388,20 +394,22 @@ def list_jobs(
         rows = rows[:limit]
         next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
     live = live_queues(session, settings.worker_ttl_s)
-    return JobsPage(data=[job_public(j, live) for j in rows], next_cursor=next_cursor)
+    return JobsPage(data=[job_public(j, live, session=session, settings=settings) for j in rows],
+                    next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
     ``waiting`` says why a queued job cannot start (no live worker serves its queue)."""
-    return job_public(job, live_queues(session, settings.worker_ttl_s))
+    return job_public(job, live_queues(session, settings.worker_ttl_s), session=session,
+                      settings=settings)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              operation_id="jobs-cancel",
              responses={**_NOT_FOUND, 409: {"description": "the job already finished"}})
-def cancel_job(job: OwnedJob, session: SessionDep) -> JobPublic:
+def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Cancel a job.
 
     A queued job is ``cancelled`` at once; a running one becomes ``cancelling`` and its
@@ -422,7 +430,7 @@ def cancel_job(job: OwnedJob, session: SessionDep) -> JobPublic:
     job = session.get(Job, job_id)
     if job.status in TERMINAL and not (done and job.status == "cancelled"):
         raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
-    return job_public(job)
+    return job_public(job, session=session, settings=settings)
 
 
 def _event_public(e: JobEvent) -> EventPublic:

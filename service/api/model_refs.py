@@ -68,25 +68,27 @@ def family_of_path(session: Session, path: str) -> str | None:
 
 def describe_model_ref(session: Session, settings: Settings, model: str) -> dict[str, Any]:
     """Which weights a job started from, for people: ``{"kind": "name"|"model"|"job"|"file",
-    "label": str, "model_id"?: str, "job_id"?: str}``.
+    "label": str, "short": str, "model_id"?: str, "job_id"?: str}``; ``short`` is what a
+    table shows (the name, the model id, ``job:<id>``, or the file).
 
     ``model`` is a job's stored ``model``: a family name, a registered model's file, or a
     checkpoint inside another job's run directory (``<artifact root>/<job>/run/<path>``).
     """
     if not model.startswith("/"):
-        return {"kind": "name", "label": model}
+        return {"kind": "name", "label": model, "short": model}
     row = session.scalar(select(Model).where(Model.path == model))
     if row is not None:
-        return {"kind": "model", "label": f"model {row.id} ({row.name})", "model_id": row.id}
+        return {"kind": "model", "label": f"model {row.id} ({row.name})", "short": row.id,
+                "model_id": row.id}
     path = Path(model)
     if model_store(settings).owns(path):
-        return {"kind": "model", "label": f"model {path.stem} (deleted)"}
+        return {"kind": "model", "label": f"model {path.stem} (deleted)", "short": path.stem}
     try:
         rel = path.relative_to(settings.artifact_root)
     except ValueError:
-        return {"kind": "file", "label": model}
+        return {"kind": "file", "label": model, "short": model}
     if len(rel.parts) > 2 and rel.parts[1] == "run":
         job_id = rel.parts[0]
         return {"kind": "job", "label": f"job:{job_id}/{Path(*rel.parts[2:]).as_posix()}",
-                "job_id": job_id}
-    return {"kind": "file", "label": model}
+                "short": f"job:{job_id}", "job_id": job_id}
+    return {"kind": "file", "label": model, "short": model}

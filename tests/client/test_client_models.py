@@ -91,6 +91,17 @@ def test_cli_models_upload_list_show_publish_rm(stack, token, client, data_yaml,
     r = run("publish", job.id, "--name", "from-cli")
     assert r.exit_code == 0 and f"job:{job.id}" in r.stdout, r.output
 
+    # jobs list names the model as the job page does, never the server's file path
+    tiny = dict(data=data_yaml, gpus=0, epochs=1, imgsz=64, batch=2)
+    from_model = client.train(model=model_id, **tiny)
+    from_job = client.train(model=f"job:{job.id}/weights/best.pt", **tiny)
+    listed = CliRunner().invoke(app, ["jobs", "list"], env=env, catch_exceptions=False).stdout
+    rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
+    assert rows[from_model.id][2] == model_id and rows[from_job.id][2] == f"job:{job.id}", listed
+    assert rows[job.id][2] == "yolo9-t" and str(stack.settings.model_root) not in listed, listed
+    from_model.cancel()
+    from_job.cancel()
+
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"nope")
     r = run("upload", str(bad))
