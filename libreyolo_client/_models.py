@@ -49,6 +49,8 @@ class JobInfo(_Model):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     duration_s: float | None = None
+    #: ``model`` as people say it: the name, the registered model's id, ``job:<id>``.
+    started_from: str | None = None
     waiting: str | None = None
     warnings: list[str] = []
 

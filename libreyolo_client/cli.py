@@ -54,6 +54,14 @@ add_connection_options(
     jobs_app, "Talk to a LibreYOLO service (URL and token default to what `up` saved).")
 
 
+def dest_option(*names: str) -> Any:
+    """A download's ``-o`` option: a file, or a folder (an existing one, or a path ending in
+    ``/``, created if missing). Declare it ``str | None``, not a Path: ``Path("models/")``
+    drops the slash that says "a folder" (the SDK's download reads the slash)."""
+    return typer.Option(*names, help="file, or folder (an existing one, or a path ending in "
+                                     "'/', created if missing); default: here")
+
+
 @contextmanager
 def _client() -> Iterator[Client]:
     """A client, turning SDK errors into a message and an exit code."""
@@ -217,11 +225,14 @@ def list_jobs(
             for j in jobs:
                 typer.echo(j.info.model_dump_json())
             return
-        typer.echo(f"{'ID':<26} {'KIND':<8} {'MODEL':<9} {'STATUS':<11} {'CREATED':<20} INFO")
-        for j in jobs:
+        # the model as the job page's "Started from" says it, never the server's file path
+        models = [j.info.started_from or j.info.model for j in jobs]
+        w = max([9, *map(len, models)])
+        typer.echo(f"{'ID':<26} {'KIND':<8} {'MODEL':<{w}} {'STATUS':<11} {'CREATED':<20} INFO")
+        for j, model in zip(jobs, models, strict=True):
             i = j.info
             created = i.created_at.strftime("%Y-%m-%d %H:%M:%S") if i.created_at else ""
-            typer.echo(f"{i.id:<26} {i.kind:<8} {i.model:<9} {i.status:<11} {created:<20} "
+            typer.echo(f"{i.id:<26} {i.kind:<8} {model:<{w}} {i.status:<11} {created:<20} "
                        f"{_summary(i)}")
 
 
@@ -240,7 +251,7 @@ def show(
         if as_json:
             typer.echo(i.model_dump_json(indent=2))
             return
-        typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.model}\n"
+        typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.started_from or i.model}\n"
                    f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
                    + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
@@ -299,10 +310,7 @@ def download(
     job_id: Annotated[str, typer.Argument(help="job id")],
     path: Annotated[str, typer.Argument(help="artifact path in the run directory")]
     = "weights/best.pt",
-    # A str, not a Path: Path("models/") drops the slash that says "a folder".
-    dest: Annotated[str | None, typer.Option(
-        "--dest", "-o", help="file, or folder (an existing one, or a path ending in '/', "
-                             "created if missing); default: here")] = None,
+    dest: Annotated[str | None, dest_option("--dest", "-o")] = None,
     list_: Annotated[bool, typer.Option("--list", "-l", help="list the artifacts")] = False,
 ) -> None:
     """Download an artifact (resumes an interrupted download; checks its sha256)."""

@@ -15,7 +15,7 @@ import typer
 
 from libreyolo_client._models import Model
 from libreyolo_client._progress import format_bytes
-from libreyolo_client.cli import _client, add_connection_options
+from libreyolo_client.cli import _client, add_connection_options, dest_option
 
 __all__ = ["models_app"]
 
@@ -89,8 +89,7 @@ def publish(
 @models_app.command("download")
 def download(
     model_id: Annotated[str, typer.Argument(help="model id")],
-    output: Annotated[Path | None, typer.Option("-o", "--output",
-                                                help="file or folder (default: .)")] = None,
+    output: Annotated[str | None, dest_option("-o", "--output")] = None,
 ) -> None:
     """Download a model's weights file (sha256 checked)."""
     with _client() as c:

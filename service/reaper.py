@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db.models import Job, utcnow
 from service.ops import transition
 from service.settings import Settings
+from service.storage import ArtifactStore
 
 __all__ = ["reap_once", "reaper_loop"]
 
@@ -33,7 +34,8 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
 
     1. ``running``/``cancelling`` jobs whose lease expired (their worker died): a
        cancelling one becomes ``cancelled``; a running one goes back to ``queued`` (the
-       next run resumes from ``run/weights/last.pt``) while ``attempt < max_attempts``,
+       next run resumes from ``run/weights/last.pt`` when there is one; its event says
+       which) while ``attempt < max_attempts``,
        else ``failed`` with the reason.
     2. ``queued`` jobs sent more than ``resend_after_s`` ago are sent again (a broker
        restarted empty loses messages; a duplicate is harmless: the claim is atomic).
@@ -42,6 +44,7 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
         Counts ``{"requeued", "failed", "cancelled", "resent"}``.
     """
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
+    store = ArtifactStore(settings.artifact_root)
     now = utcnow()
     to_send: list[tuple[str, str, int]] = []
     with sessions() as session:
@@ -60,7 +63,7 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
                     counts["cancelled"] += 1
             elif attempt < max_attempts:
                 reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
-                         f"of {max_attempts}, resuming from last.pt"
+                         f"of {max_attempts}, {store.resume_note(job_id)}"
                 if transition(session, job_id, ["running"], "queued", extra_where=same_lease,
                               enqueued_at=now, event={"reason": reason}, **lost):
                     counts["requeued"] += 1

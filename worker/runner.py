@@ -246,6 +246,8 @@ class _Run:
             for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
                 if k in ev:
                     self.progress[k] = ev[k]
+            if "epoch" in ev:  # kept in progress so that a resumed attempt still knows it
+                self.progress["epochs_completed"] = ev["epoch"]
             if ev.get("is_best"):
                 self.progress["best_epoch"] = ev.get("epoch")
         elif name == "artifact" and isinstance(ev.get("path"), str):
@@ -308,7 +310,8 @@ class _Run:
             "status": end.get("status"),
             "best_epoch": end.get("best_epoch", self.progress.get("best_epoch")),
             "metrics": end.get("metrics") or self.progress.get("metrics"),
-            "epochs_completed": self.progress.get("epoch"),
+            # the last epoch_end's epoch: a progress event's epoch may be one cut off
+            "epochs_completed": self.progress.get("epochs_completed", 0),
             "names": end.get("names"),  # class id -> name: the keys of metrics.per_class_AP
         }
         if self.profile is not None:
@@ -383,9 +386,9 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
         n = kill_leftovers(job.pid, run.job_dir)
         if n:
             log.warning("job %s: killed %d leftover engine processes", job_id, n)
-    last_pt = run.run_dir / "weights" / "last.pt"
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
-    resume: str | bool = str(last_pt) if last_pt.is_file() else False
+    last_pt = store.last_checkpoint(job_id)
+    resume: str | bool = str(last_pt) if last_pt is not None else False
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
                     gpus=job.gpus, job_dir=run.job_dir, resume=resume)
     spec_path = run.job_dir / "job.json"
@@ -468,7 +471,7 @@ def _watch(run: _Run, proc: subprocess.Popen, job: Job, stop: threading.Event | 
     if lost:
         return "lost"
     if term_reason == "worker shutdown":
-        if run.requeue("worker shut down; re-queued to resume from last.pt"):
+        if run.requeue(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
             if on_requeue is not None:
                 try:
                     on_requeue(run.job_id, job.queue, job.priority)

@@ -237,6 +237,9 @@ class Trainer:
         self.nc = len(self.names)
         train_report = scan_split(self.data_cfg, "train")
         val_split = "val" if self.data_cfg.val else "train"
+        if val_split == "train" and cfg.val and main:
+            log.warning("%s has no 'val:' split: validating on the train split (its metrics "
+                        "overstate what the model does on unseen images)", self.data_cfg.yaml_path)
         # validation runs on rank 0 alone (the others wait), so its metrics are one process's
         val_report = scan_split(self.data_cfg, val_split) if cfg.val and main else None
 

@@ -21,11 +21,18 @@ from sqlalchemy.exc import IntegrityError
 from sse_starlette import EventSourceResponse
 
 from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
+from libreyolo_core.data.config import DataConfigError, load_data_config
 from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
 from libreyolo_core.models.registry import list_models
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
 from service.api.files import FileDigest, RecordedDigest, current_digest, serve_file
-from service.api.model_refs import MODEL_ID, family_of_path, resolve_model_id
+from service.api.model_refs import (
+    MODEL_ID_LIKE,
+    OTHER_MODEL_FORMS,
+    describe_model_ref,
+    family_of_path,
+    resolve_model_id,
+)
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     ArtifactPublic,
@@ -60,14 +67,19 @@ TIMELINE_CSP = (
 _NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
-def job_public(job: Job, live: dict[str, int] | None = None) -> JobPublic:
+def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = None,
+               settings: Any = None) -> JobPublic:
     """Public view of a job row; with ``live`` (:func:`service.workers.live_queues`) a
-    queued job no live worker serves gets its ``waiting`` reason."""
+    queued job no live worker serves gets its ``waiting`` reason; with ``session`` and
+    ``settings``, ``started_from`` (:func:`~service.api.model_refs.describe_model_ref`,
+    as the job page's "Started from" says it)."""
     duration = None
     if job.started_at and job.finished_at:
         duration = (job.finished_at - job.started_at).total_seconds()
     out = JobPublic.model_validate(job)
     out.duration_s = duration
+    if session is not None and settings is not None:
+        out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live)
     return out
@@ -92,7 +104,8 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
         cfg = resolve_config({**body.params, "model": family or body.model})
     except ConfigError as exc:
         field = "model" if exc.key == "model" else f"params.{exc.key}"
-        raise Problem(422, f"{field}: {exc}", field=field, value=_jsonable(exc.value),
+        more = f". {OTHER_MODEL_FORMS}" if field == "model" and family is None else ""
+        raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
                       allowed=_allowed_values(exc.key)) from None
     world = gpus or body.procs
     if (body.kind == "profile" or cfg.profile) and world > 1:
@@ -170,7 +183,7 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
         Problem 422 naming ``model``: a malformed reference, another user's or an unknown
         job, a path that leaves the job's run directory, or a missing / non-``.pt`` file.
     """
-    if MODEL_ID.fullmatch(model):
+    if MODEL_ID_LIKE.fullmatch(model):
         return resolve_model_id(session, user, model)
     if not model.startswith("job:"):
         return model, None
@@ -195,24 +208,46 @@ def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
 
 
 def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool, settings: Any) -> str:
-    """Dataset id -> its yaml path; a path must be absolute (and exist when checked) and
-    allowed by :func:`~service.storage.roots.path_refusal` (dataset roots; never inside
-    the upload or artifact root: uploads are used by id)."""
+    """Dataset id -> its yaml path; a path must be absolute and allowed by
+    :func:`~service.storage.roots.path_refusal` (dataset roots; never inside the upload or
+    artifact root: uploads are used by id).
+
+    Raises:
+        Problem: 422 naming ``data``: an unknown or another user's dataset id, a dataset
+            whose scan failed (``status: invalid``, with the scan's reason), a path that
+            is not an absolute yaml, or (``check``) one the engine's torch-free
+            :func:`~libreyolo_core.data.config.load_data_config` refuses (missing file,
+            no ``names``, a split folder that does not exist...; its message).
+    """
     if not data.startswith("/"):
         ds = session.get(Dataset, data)
         if ds is None or (ds.owner_id != user.id and not user.is_admin):
             raise Problem(422, f"data: {data!r} is neither a dataset id nor an absolute yaml "
                           "path", field="data")
+        if ds.status == "invalid":
+            raise Problem(422, f"data: dataset {data} ({ds.name}) failed its scan: "
+                          f"{_scan_reason(ds.report)}", field="data")
         return ds.path
     path = Path(data)
     if path.suffix not in (".yaml", ".yml"):
         raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
-    if check and not path.is_file():
-        raise Problem(422, f"data: {data!r} does not exist", field="data")
     refusal = path_refusal(path, settings)
     if refusal is not None:
         raise Problem(422, f"data: {refusal}", field="data")
+    if check:
+        try:
+            load_data_config(path)
+        except DataConfigError as exc:
+            raise Problem(422, f"data: {exc}", field="data") from None
     return data
+
+
+def _scan_reason(report: dict[str, Any] | None) -> str:
+    """The last line a failed dataset scan printed (its error), or its exit code."""
+    report = report or {}
+    lines = [ln.strip() for ln in str(report.get("error") or report.get("output") or "")
+             .splitlines() if ln.strip()]
+    return lines[-1] if lines else f"the scan exited with {report.get('exit_code')}"
 
 
 @router.post(
@@ -222,8 +257,8 @@ def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool
                    409: "Idempotency-Key reused with a different request, or (setting "
                         "refuse_unserved) no live worker serves the job's queue",
                    422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
-                        "an unknown model or params key, a data path that does not exist "
-                        "or a dataset id that is not yours, a batch that does not divide by "
+                        "an unknown model or params key, a data yaml the engine's loader "
+                        "refuses, a dataset id that is not yours or whose scan failed, a batch that does not divide by "
                         "the rank count; `field` names it"})},
 )
 def submit_job(
@@ -265,7 +300,7 @@ def submit_job(
         existing = _idempotent_job(session, user.id, idempotency_key, request_sha)
         if existing is not None:
             response.status_code = 200
-            return job_public(existing)
+            return job_public(existing, session=session, settings=settings)
     model, family = _resolve_model(session, user, store, body.model)
     params = _validate_params(body, gpus, family)
     data = _resolve_data(session, user, body.data, settings.check_data_paths, settings)
@@ -295,7 +330,7 @@ def submit_job(
         if existing is None:
             raise
         response.status_code = 200
-        return job_public(existing)
+        return job_public(existing, session=session, settings=settings)
     append_events(session, job.id, [("status", time.time(), {"event": "status",
                                                               "status": "queued"})])
     session.commit()
@@ -306,7 +341,7 @@ def submit_job(
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    out = job_public(job, live)
+    out = job_public(job, live, session=session, settings=settings)
     out.warnings = warnings
     return out
 
@@ -359,20 +394,22 @@ def list_jobs(
         rows = rows[:limit]
         next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
     live = live_queues(session, settings.worker_ttl_s)
-    return JobsPage(data=[job_public(j, live) for j in rows], next_cursor=next_cursor)
+    return JobsPage(data=[job_public(j, live, session=session, settings=settings) for j in rows],
+                    next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
     ``waiting`` says why a queued job cannot start (no live worker serves its queue)."""
-    return job_public(job, live_queues(session, settings.worker_ttl_s))
+    return job_public(job, live_queues(session, settings.worker_ttl_s), session=session,
+                      settings=settings)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              operation_id="jobs-cancel",
              responses={**_NOT_FOUND, 409: {"description": "the job already finished"}})
-def cancel_job(job: OwnedJob, session: SessionDep) -> JobPublic:
+def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Cancel a job.
 
     A queued job is ``cancelled`` at once; a running one becomes ``cancelling`` and its
@@ -393,7 +430,7 @@ def cancel_job(job: OwnedJob, session: SessionDep) -> JobPublic:
     job = session.get(Job, job_id)
     if job.status in TERMINAL and not (done and job.status == "cancelled"):
         raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
-    return job_public(job)
+    return job_public(job, session=session, settings=settings)
 
 
 def _event_public(e: JobEvent) -> EventPublic:

@@ -17,11 +17,18 @@ from service.db.models import Model, User
 from service.settings import Settings
 from service.storage.models import ModelStore
 
-__all__ = ["MODEL_ID", "describe_model_ref", "family_of_path", "model_store",
+__all__ = ["MODEL_ID", "MODEL_ID_LIKE", "OTHER_MODEL_FORMS", "describe_model_ref", "family_of_path", "model_store",
            "resolve_model_id", "visible"]
 
 #: a model id as jobs accept it in ``model``.
 MODEL_ID = re.compile(r"m[0-9a-f]{24}")
+#: text that is meant as a model id (``m`` and hex digits), mistyped or not: a job's
+#: ``model`` like this is looked up among the user's models, never as a family name.
+MODEL_ID_LIKE = re.compile(r"m[0-9a-f]{6,}")
+#: the other forms ``model`` takes, for an error about an unknown model name.
+OTHER_MODEL_FORMS = ("A registered model's id (m..., see `libreyolo-service models list`) "
+                     "or a checkpoint of an earlier job (job:<job id>/weights/best.pt) is "
+                     "also accepted.")
 
 
 def model_store(settings: Settings) -> ModelStore:
@@ -37,13 +44,16 @@ def visible(model: Model | None, user: User) -> bool:
 def resolve_model_id(session: Session, user: User, model_id: str) -> tuple[str, str]:
     """A job's ``model: "<model id>"`` -> ``(absolute path of the stored file, "<family>-<size>")``.
 
+    ``model_id`` may be any text :data:`MODEL_ID_LIKE` matches (a mistyped id is unknown).
+
     Raises:
         Problem 422 naming ``model``: an unknown model, another user's, or a model whose
             file is gone.
     """
     model = session.get(Model, model_id)
     if not visible(model, user):
-        raise Problem(422, f"model: model {model_id!r} not found", field="model")
+        raise Problem(422, f"model: no model {model_id} among your models (not found; see "
+                      "`libreyolo-service models list`)", field="model")
     if not Path(model.path).is_file():
         raise Problem(422, f"model: the file of model {model_id} is missing on the server",
                       field="model")
@@ -58,25 +68,27 @@ def family_of_path(session: Session, path: str) -> str | None:
 
 def describe_model_ref(session: Session, settings: Settings, model: str) -> dict[str, Any]:
     """Which weights a job started from, for people: ``{"kind": "name"|"model"|"job"|"file",
-    "label": str, "model_id"?: str, "job_id"?: str}``.
+    "label": str, "short": str, "model_id"?: str, "job_id"?: str}``; ``short`` is what a
+    table shows (the name, the model id, ``job:<id>``, or the file).
 
     ``model`` is a job's stored ``model``: a family name, a registered model's file, or a
     checkpoint inside another job's run directory (``<artifact root>/<job>/run/<path>``).
     """
     if not model.startswith("/"):
-        return {"kind": "name", "label": model}
+        return {"kind": "name", "label": model, "short": model}
     row = session.scalar(select(Model).where(Model.path == model))
     if row is not None:
-        return {"kind": "model", "label": f"model {row.id} ({row.name})", "model_id": row.id}
+        return {"kind": "model", "label": f"model {row.id} ({row.name})", "short": row.id,
+                "model_id": row.id}
     path = Path(model)
     if model_store(settings).owns(path):
-        return {"kind": "model", "label": f"model {path.stem} (deleted)"}
+        return {"kind": "model", "label": f"model {path.stem} (deleted)", "short": path.stem}
     try:
         rel = path.relative_to(settings.artifact_root)
     except ValueError:
-        return {"kind": "file", "label": model}
+        return {"kind": "file", "label": model, "short": model}
     if len(rel.parts) > 2 and rel.parts[1] == "run":
         job_id = rel.parts[0]
         return {"kind": "job", "label": f"job:{job_id}/{Path(*rel.parts[2:]).as_posix()}",
-                "job_id": job_id}
-    return {"kind": "file", "label": model}
+                "short": f"job:{job_id}", "job_id": job_id}
+    return {"kind": "file", "label": model, "short": model}

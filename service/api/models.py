@@ -8,6 +8,7 @@ torch), which says its family, size, classes and parameter count.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -140,7 +141,8 @@ async def _register(session: Session, settings: Settings, *, model_id: str, part
     "", status_code=201, response_model=ModelPublic, operation_id="models-upload",
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {
         "schema": {"type": "string", "format": "binary"}}}, "required": True}},
-    responses={413: {"description": "file larger than max_model_bytes"},
+    responses={200: {"description": "the same bytes again: the model already made from them"},
+               413: {"description": "file larger than max_model_bytes"},
                422: {"description": "not a weights file this service can use; the detail "
                      "says why (not a torch file, a pickle that needs code, truncated, a "
                      "family this service does not have)"}},
@@ -156,6 +158,9 @@ async def upload_model(
     limit (``inspect_timeout_s``); its family, size, ``nc``, class names, parameter count
     and sha256 are stored. Nothing is kept when it is refused.
 
+    The same bytes uploaded again by the same user (whatever the ``name``) answer 200 with
+    the model already made from them (same ``sha256``), nothing stored twice.
+
     Raises:
         413: larger than ``max_model_bytes``.
         422 (``field: body``): the reason the file cannot be used.
@@ -164,6 +169,7 @@ async def upload_model(
     model_id = new_id("m")
     part = store.incoming(model_id)
     size = 0
+    digest = hashlib.sha256()
     try:
         async with await anyio.open_file(part, "wb") as f:
             async for chunk in request.stream():
@@ -172,6 +178,7 @@ async def upload_model(
                     raise Problem(413, f"upload exceeds {settings.max_model_bytes} bytes "
                                   "(max_model_bytes)")
                 await f.write(chunk)
+                digest.update(chunk)
     except BaseException:
         part.unlink(missing_ok=True)
         raise
@@ -179,6 +186,14 @@ async def upload_model(
         part.unlink(missing_ok=True)
         raise Problem(422, "body: empty upload (send the weights file as the request body)",
                       field="body")
+    same = session.scalar(select(Model).where(
+        Model.owner_id == user.id, Model.source == "upload",
+        Model.sha256 == digest.hexdigest()).order_by(Model.id).limit(1))
+    if same is not None:
+        part.unlink(missing_ok=True)
+        response.status_code = 200
+        response.headers["Location"] = f"/v1/models/{same.id}"
+        return _public(same)
     model = await _register(session, settings, model_id=model_id, part=part, owner=user,
                             name=name, source="upload", field="body")
     response.headers["Location"] = f"/v1/models/{model.id}"

@@ -72,6 +72,9 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     duration_s: float | None = Field(None, description="finished_at - started_at, seconds")
+    started_from: str | None = Field(
+        None, description="`model` as people say it: the family name, the registered model's "
+        "id, job:<job id> for an earlier job's checkpoint, or the file")
     waiting: str | None = Field(
         None, description="why a queued job cannot start, e.g. 'waiting for a gpu-1 worker "
         "(none online)'; null when a live worker serves its queue")

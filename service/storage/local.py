@@ -51,6 +51,19 @@ class ArtifactStore:
         """The engine's run directory ``<root>/<job id>/run``."""
         return self.job_dir(job_id) / "run"
 
+    def last_checkpoint(self, job_id: str) -> Path | None:
+        """The run's ``weights/last.pt`` when an earlier attempt left one (the next attempt
+        resumes from it), else None. A file check: nothing is loaded."""
+        path = self.run_dir(job_id) / "weights" / "last.pt"
+        return path if path.is_file() else None
+
+    def resume_note(self, job_id: str) -> str:
+        """How a re-queued job's next attempt starts, for its status event:
+        ``"resuming from last.pt"`` or ``"starting again (no last.pt yet)"``."""
+        if self.last_checkpoint(job_id) is not None:
+            return "resuming from last.pt"
+        return "starting again (no last.pt yet)"
+
     def log_path(self, job_id: str) -> Path:
         """The engine's stdout+stderr, ``<job dir>/train.log``."""
         return self.job_dir(job_id) / "train.log"

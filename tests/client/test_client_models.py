@@ -84,12 +84,23 @@ def test_cli_models_upload_list_show_publish_rm(stack, token, client, data_yaml,
     assert model_id.startswith("m") and "yolo9-t" in r.stdout
     assert model_id in run("list").stdout
     assert json.loads(run("show", model_id).stdout)["name"] == "cli"
-    r = run("download", model_id, "-o", str(tmp_path) + "/")
-    assert r.exit_code == 0 and (tmp_path / "cli.pt").read_bytes() == weights.read_bytes()
+    r = run("download", model_id, "-o", f"{tmp_path / 'newdir'}/")  # a folder, made
+    assert r.exit_code == 0 and (tmp_path / "newdir" / "cli.pt").read_bytes() == weights.read_bytes()
 
     job = _finished_job_with_best(client, stack, data_yaml, weights)
     r = run("publish", job.id, "--name", "from-cli")
     assert r.exit_code == 0 and f"job:{job.id}" in r.stdout, r.output
+
+    # jobs list names the model as the job page does, never the server's file path
+    tiny = dict(data=data_yaml, gpus=0, epochs=1, imgsz=64, batch=2)
+    from_model = client.train(model=model_id, **tiny)
+    from_job = client.train(model=f"job:{job.id}/weights/best.pt", **tiny)
+    listed = CliRunner().invoke(app, ["jobs", "list"], env=env, catch_exceptions=False).stdout
+    rows = {line.split()[0]: line.split() for line in listed.splitlines()[1:]}
+    assert rows[from_model.id][2] == model_id and rows[from_job.id][2] == f"job:{job.id}", listed
+    assert rows[job.id][2] == "yolo9-t" and str(stack.settings.model_root) not in listed, listed
+    from_model.cancel()
+    from_job.cancel()
 
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"nope")

@@ -113,3 +113,17 @@ def test_warmup_longer_than_the_run_is_warned(sample_yaml, tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, **{**TINY, "warmup_epochs": 3})
     assert "warmup_epochs=3 is longer than the run (epochs=1)" in caplog.text
+
+
+def test_no_val_split_says_it_validates_on_train(sample_yaml, tmp_path, caplog):
+    import yaml
+
+    doc = yaml.safe_load(sample_yaml.read_text())
+    doc.pop("val")
+    doc["path"] = str(sample_yaml.parent / doc.get("path", "."))
+    no_val = tmp_path / "no_val.yaml"
+    no_val.write_text(yaml.safe_dump(doc))
+    caplog.set_level(logging.WARNING)
+    LibreYOLO("yolo9-t").train(data=no_val, project=tmp_path, **{**TINY, "val": True})
+    said = [r.getMessage() for r in caplog.records if "validating on the train split" in r.getMessage()]
+    assert len(said) == 1 and "no_val.yaml has no 'val:' split" in said[0], said

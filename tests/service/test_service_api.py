@@ -98,6 +98,9 @@ def test_submit_get_list(alice, data_yaml):
     ({"params": {"profile": True}, "procs": 2}, "procs", "does not run under DDP"),
     ({"params": {"project": "/tmp"}}, "params.project", "set by the service"),
     ({"model": "yolo9-q"}, "model", "unknown model"),
+    ({"model": "yolo9-q"}, "model", "registered model's id (m..., see `libreyolo-service models list`) "
+                                    "or a checkpoint of an earlier job (job:<job id>/weights/best.pt)"),
+    ({"model": "m01deadbeef"}, "model", "no model m01deadbeef among your models"),
     ({"gpus": 3}, "gpus", "not one of"),
     ({"data": "/nope/data.yaml"}, "data", "does not exist"),
     ({"data": "relative.yaml"}, "data", "neither a dataset id"),
@@ -113,6 +116,33 @@ def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, wo
     assert body["field"] == field
     assert words in body["detail"], body["detail"]
     assert len(alice.get("/v1/jobs", params={"limit": 200}).json()["data"]) == before
+
+
+@pytest.mark.parametrize("text, words", [
+    ("path: .\ntrain: images\nval: missing\nnames: {0: thing}\n", "key 'val'"),
+    ("path: .\ntrain: images\nval: images\n", "key 'names'"),
+])
+def test_submit_checks_the_yaml_with_the_engine_loader(alice, data_yaml, text, words):
+    bad = os.path.join(os.path.dirname(data_yaml), "bad.yaml")
+    with open(bad, "w") as f:
+        f.write(text)
+    r = submit(alice, bad)
+    assert r.status_code == 422 and r.json()["field"] == "data", r.text
+    assert "bad.yaml" in r.json()["detail"] and words in r.json()["detail"], r.text
+
+
+def test_submit_refuses_a_dataset_whose_scan_failed(alice, sessions, data_yaml):
+    from service.db.models import Dataset
+
+    ds = alice.post("/v1/datasets/register", json={"name": "broken", "path": data_yaml}).json()
+    with sessions() as s:
+        row = s.get(Dataset, ds["id"])
+        row.status, row.report = "invalid", {"ok": False, "exit_code": 3, "splits": {},
+                                             "output": "scanning...\nerror: 0 labelled images"}
+        s.commit()
+    r = submit(alice, ds["id"])
+    assert r.status_code == 422 and r.json()["field"] == "data", r.text
+    assert ds["id"] in r.json()["detail"] and "error: 0 labelled images" in r.json()["detail"]
 
 
 def test_missing_body_field_is_named(alice):

@@ -79,6 +79,12 @@ def test_upload_list_get_download_delete(alice, server, weights):
     assert r.headers["location"] == f"/v1/models/{m['id']}"
     assert alice.get(f"/v1/models/{m['id']}").json() == m
     assert m["id"] in [x["id"] for x in alice.get("/v1/models").json()["data"]]
+    stored = _stored_files(server.app.state.settings)
+    again = _upload(alice, weights["good"], name="another name")  # same bytes: the same model
+    assert again.status_code == 200 and again.json() == m, again.text
+    assert again.headers["location"] == f"/v1/models/{m['id']}"
+    assert [x["sha256"] for x in alice.get("/v1/models").json()["data"]].count(sha) == 1
+    assert _stored_files(server.app.state.settings) == stored
 
     f = alice.get(f"/v1/models/{m['id']}/file")
     assert f.status_code == 200 and hashlib.sha256(f.content).hexdigest() == sha

@@ -119,6 +119,7 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0
 def write_data_yaml(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "images").mkdir(exist_ok=True)
+    (folder / "images" / "0.jpg").write_bytes(b"")  # the loader at submit wants an image file
     path = folder / "data.yaml"
     path.write_text("path: .\ntrain: images\nval: images\nnames: {0: thing}\n")
     return path

@@ -71,7 +71,9 @@ def test_engine_failure_keeps_its_exit_code_and_error_under_torchrun(make_settin
 
     data = tmp_path / "broken.yaml"
     data.write_text("path: .\ntrain: images/nope\nval: images/nope\nnames: {0: a}\n")
-    settings = make_settings(db_url, engine_command=None, heartbeat_s=2, poll_interval_s=0.2, lease_s=120)
+    # check_data_paths off: the API would refuse this yaml at submit; here the engine must
+    settings = make_settings(db_url, engine_command=None, heartbeat_s=2, poll_interval_s=0.2, lease_s=120,
+                             check_data_paths=False)
     app = create_app(settings)
     srv = ServerThread(app).start()
     try:

@@ -77,7 +77,7 @@ def test_run_job_succeeds_with_ordered_events_and_artifacts(settings, sessions):
     assert job.result["best_epoch"] == 3 and job.result["metrics"]["mAP50"] == pytest.approx(0.3)
     # the class names travel with per_class_AP (JSON keys: the class ids as strings)
     assert job.result["names"] == {"0": "circle"} and set(job.result["metrics"]["per_class_AP"]) == {"0"}
-    assert job.progress["epoch"] == 3
+    assert job.progress["epoch"] == 3 and job.result["epochs_completed"] == 3
     store = ArtifactStore(settings.artifact_root)
     spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
     assert spec["project"] == str(store.job_dir(job_id)) and spec["name"] == "run"
@@ -147,6 +147,9 @@ def test_cancel_running_job_kills_the_process_group(make_settings, db_url, ignor
     lines = engine_lines(ArtifactStore(settings.artifact_root).run_dir(job_id))
     if not ignore_term:  # the engine stopped cleanly: last.pt and run_end interrupted
         assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
+    # an epoch cut off by the cancel is not a completed one
+    ends = [e["epoch"] for e in lines if e["event"] == "epoch_end"]
+    assert job.result["epochs_completed"] == (ends[-1] if ends else 0), (job.result, ends)
     assert engine_events_in_db(events(sessions, job_id)) == lines
 
 
@@ -180,6 +183,7 @@ def test_worker_shutdown_requeues_for_resume(settings, sessions):
     assert out["s"] == "queued" and sent == [(job_id, "cpu", 0)]
     job = job_row(sessions, job_id)
     assert job.status == "queued" and job.attempt == 0  # a hand-back is not a failed attempt
+    assert _requeue_reasons(sessions, job_id) == ["worker shut down; re-queued, resuming from last.pt"]
     # the shutting-down worker takes the re-sent message itself: it hands it back without
     # starting (and killing) an attempt
     assert run_job(job_id, settings=settings, sessions=sessions, stop=stop,
@@ -212,6 +216,7 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["requeued"] == 1 and sent == [(job_id, "cpu", 0)]
     assert job_row(sessions, job_id).status == "queued"
+    assert "attempt 2 of 3, resuming from last.pt" in _requeue_reasons(sessions, job_id)[-1]
     assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
     job = job_row(sessions, job_id)
     assert job.attempt == 2
@@ -224,6 +229,23 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     assert ends == [1, 2, 3]
     statuses = [e.payload["status"] for e in evs if e.payload.get("event") == "status"]
     assert statuses == ["queued", "running", "queued", "running", "succeeded"]
+
+
+def _requeue_reasons(sessions, job_id) -> list[str]:
+    return [e.payload["reason"] for e in events(sessions, job_id)
+            if e.payload.get("status") == "queued" and "reason" in e.payload]
+
+
+def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions):
+    """Killed during epoch 1: no last.pt yet, so the next attempt starts again."""
+    job_id = new_job(sessions)
+    with sessions() as s:
+        transition(s, job_id, ["queued"], "running", attempt=1, lease_owner="dead:1",
+                   lease_expires_at=utcnow())
+        s.commit()
+    assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
+    [reason] = _requeue_reasons(sessions, job_id)
+    assert "attempt 2 of 3, starting again (no last.pt yet)" in reason and "resuming" not in reason
 
 
 def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):

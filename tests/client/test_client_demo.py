@@ -1,0 +1,42 @@
+"""``make demo`` (``libreyolo_client.demo``) stops the service it started when it is told
+to stop: Ctrl-C, SIGTERM or SIGHUP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_demo_stops_its_service_on_sigterm_and_sighup(tmp_path, sig):
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "libreyolo_client.demo", "--home", str(tmp_path / "home"),
+         "--out", str(tmp_path / "out"), "--epochs", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "home" / "credentials").exists():  # the service is up
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read()
+            time.sleep(0.2)
+        service = psutil.Process(demo.pid).children(recursive=True)
+        assert any("service.cli" in " ".join(p.cmdline()) for p in service)
+        demo.send_signal(sig)
+        out, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    _, alive = psutil.wait_procs(service, timeout=10)
+    for p in alive:  # left running: stop it, then fail
+        p.kill()
+    assert alive == [], [p.cmdline() for p in alive]
+    assert demo.returncode == 130 and "stopping the service" in out, out
