@@ -359,13 +359,29 @@ def test_download_cut_halfway_resumes_and_matches_sha256(stack, token, finished_
     assert 0 < int(cut.ranges[1][6:-1]) < len(blob)
 
 
-def test_download_checksum_mismatch_raises(finished_job, stack, tmp_path):
-    job, blob = finished_job
-    (stack.settings.artifact_root / job.id / "run" / "weights" / "best.pt").write_bytes(
-        blob[::-1])
-    with pytest.raises(ChecksumError):
-        job.download("weights/best.pt", tmp_path)
-    assert not (tmp_path / "best.pt").exists()
+class _CorruptingTransport(httpx.HTTPTransport):
+    """A real connection that flips the first byte of every artifact body: corruption in
+    transit, which only the client's own sha256 check can see (a file changed on the
+    server is re-hashed there, so its headers always describe the bytes sent)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if "/artifacts/" not in request.url.path or response.status_code not in (200, 206):
+            return response
+        body = bytearray(response.read())
+        body[0] ^= 0xFF
+        return httpx.Response(response.status_code, headers=response.headers,
+                              content=bytes(body), request=request)
+
+
+def test_download_checksum_mismatch_raises(finished_job, stack, token, tmp_path):
+    from libreyolo_client import Client
+
+    job, _ = finished_job
+    with Client(stack.url, token, backoff_s=0.1, transport=_CorruptingTransport()) as c:
+        with pytest.raises(ChecksumError):
+            c.job(job.id).download("weights/best.pt", tmp_path)
+    assert not (tmp_path / "best.pt").exists() and not (tmp_path / "best.pt.part").exists()
 
 
 # -- datasets --------------------------------------------------------------------------
