@@ -34,7 +34,7 @@ SCHEMA_VERSION = "1.0"
 REQUIRED = ("model", "model_family", "size", "nc", "names")
 STATE_KEYS = ("model", "train_model")  # state dicts stored under LibreYOLO's names
 RESUME_KEYS = ("train_model", "ema_updates", "optimizer", "scaler", "epoch", "best_fitness", "best_epoch",
-               "best_metrics", "nonfinite_skipped", "history", "config", "torch_rng")
+               "nonfinite_skipped", "history", "config", "torch_rng")  # ``best_metrics`` stays in lean files
 
 
 class CheckpointError(ValueError):
