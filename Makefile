@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=40
 
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,14 +93,17 @@ def seed_worker(worker_id: int, seed: int = 0, rank: int = 0) -> None:
     (OpenCV's thread count is deliberately NOT changed here: ``cv2.setNumThreads`` in a
     forked child whose parent already ran a parallel cv2 op can deadlock.)
 
-    A worker ignores SIGTERM: the process that owns the loader owns its shutdown. A
-    SIGTERM sent to the whole process group (a supervisor, ``kill -- -PGID``, torchrun
-    stopping a rank's session) would otherwise kill the worker under a rank that is
-    still finishing its step to save ``last.pt``, and the loader would raise "DataLoader
-    worker is killed by signal: Terminated". Workers still end with their loader, and
-    exit by themselves when the main process dies (torch's parent watchdog).
+    A worker leaves its parent's process group (``setpgid``): the process that owns the
+    loader owns its shutdown. A SIGTERM sent to the whole group (a supervisor's
+    ``kill -- -PGID``, torchrun stopping a rank's session with ``killpg``) would otherwise
+    kill the worker under a rank that is still finishing its step to save ``last.pt``, and
+    the loader would raise "DataLoader worker is killed by signal: Terminated". SIGTERM
+    itself keeps its default action, so ``multiprocessing``'s exit handler, which
+    terminates and then joins daemonic children, still ends workers that outlive their
+    loader (ignoring SIGTERM made that join wait forever). Workers also end with their
+    loader, and exit by themselves when the main process dies (torch's parent watchdog).
     """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.setpgid(0, 0)
     state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
     torch.manual_seed(int(state[0]) << 32 | int(state[1]))
     np.random.seed(int(state[0]))
