@@ -218,6 +218,13 @@ def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]
     worker (``live``, :func:`service.workers.live_queues`) serves says so."""
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
+    if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
+        steps, step = p["steps"], p.get("step") or 0
+        text = f"profile window step {step}/{steps}"
+        if p.get("warmup") is not None:
+            text += f" ({p['warmup']} warm-up + {p.get('measured', steps - p['warmup'])} measured)"
+        done = job.status == "succeeded"
+        return (100.0 if done else max(0.0, min(100.0, 100.0 * step / steps))), text
     if job.status == "succeeded":
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
     if job.status == "queued":
