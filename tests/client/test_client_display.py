@@ -64,3 +64,14 @@ def test_profile_lever_in_the_sdk_and_on_the_page():
     assert _lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
                                   "lighter augmentation")
     assert Job(None, info.model_copy(update={"result": {}})).lever == {}
+
+
+def test_profile_confidence_on_the_page():
+    from service.web.pages import _confidence_text
+
+    assert _confidence_text(None) is None  # a profile from before confidence was recorded
+    assert _confidence_text({"reliable": True, "reasons": []})[0] is True
+    ok, text = _confidence_text({"reliable": False, "reasons": ["other processes took 54%"],
+                                 "advice": "profile again with --repeat 3"})
+    assert not ok and text == ("unreliable: other processes took 54%. profile again with "
+                               "--repeat 3")
