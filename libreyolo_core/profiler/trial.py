@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from libreyolo_core.profiler.confidence import Confidence
 from libreyolo_core.profiler.load import WindowLoad
 
-__all__ = ["TrialResult", "NoProfileError", "run_trial", "trial_overrides"]
+__all__ = ["TrialResult", "NoProfileError", "run_trial", "trial_overrides", "result_json"]
 
 
 class NoProfileError(RuntimeError):
