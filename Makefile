@@ -19,7 +19,7 @@ PROFILE ?= 1
 WAIT ?= 1
 LIBREYOLO_REF := 1.6.0
 
-.PHONY: setup test test-fast demo bench lint clean
+.PHONY: setup test test-fast demo bench gpu-check lint clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,13 @@ demo: setup
 
 bench: setup
 	$(BIN)/python bench/data_throughput.py
+
+# everything that needs a GPU, for the first GPU machine (under 8 minutes on one GPU): the
+# CUDA-only tests, the CUDA-graph step bench (yolo9-t, yolox-t), the profiler on a
+# launch-bound and a compute-bound case, a 1-GPU DDP (NCCL) smoke run. One JSON report
+# (runs/gpu_check/gpu_check.json) and a summary line; without a GPU: "no GPU: skipped", exit 0.
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -9,19 +9,24 @@ runs ``--warmup`` steps (the graph is captured on the 3rd), then times ``--steps
 synchronising the device around each one, and keeps the fastest. The graphed mode must
 really replay (the script fails loudly if capture fell back to eager).
 
-Then each mode runs a real profile (``profile=True, profile_then_stop=True``, 4 workers,
-default window 5 + 20 steps) on coco128 and reports the verdict.
+Then each mode runs a real profile (``profile=True, profile_then_stop=True``, 4 workers)
+on coco128 and reports the verdict. The window stays inside the first epoch (coco128 at
+batch 8: 16 steps), so it is 4 warm-up steps (the graph is captured on the 3rd) plus as many
+measured steps as the epoch has left, at most 20.
 
 Prints one line, e.g.
 ``cuda_graph_step yolo9-t b8 640 float16 NVIDIA H200: eager 61.2 ms [host/launch] |
 cuda_graph 35.0 ms [compute] | speed-up 1.75x (goal >= 1.5x: met)``
-(everything else goes to stderr).
+(everything else goes to stderr). A verdict ending in ``?`` was flagged unreliable by the
+profiler (noisy steps or a loaded machine: see its ``confidence``).
 
 Reference: LibreYOLO, RTX 5070 Ti, Windows: yolo9-t 93.6 -> 47.0 ms (1.99x), yolox-t
 102.2 -> 90.5 ms (1.13x); Linux gains about a third to a half of that.
 
 Usage: python bench/cuda_graph_step.py [--model yolo9-t] [--batch 8] [--imgsz 640]
-       [--steps 24] [--warmup 8] [--no-profile]
+       [--steps 24] [--warmup 8] [--no-profile] [--data DATA.yaml]
+(``--data``: another dataset instead of coco128, e.g. a generated sample set on a machine
+without coco128; the line then names it.)
 Exit codes: 0 measured; 1 no CUDA device or the graphed mode fell back to eager.
 """
 
@@ -44,7 +49,8 @@ GOAL = 1.5  # the project's goal for yolo9-t's GPU step
 
 
 def one_batch(yaml_path: Path, cfg, batch: int):
-    """The first training batch of coco128 (mosaic etc. as in training), on the CPU."""
+    """The first training batch of the dataset (mosaic etc. as in training), on the CPU;
+    returns ``(batch, class count, training images)``."""
     from libreyolo_core.data.config import load_data_config
     from libreyolo_core.data.dataset import YOLODataset
     from libreyolo_core.data.loader import build_dataloader
@@ -54,7 +60,7 @@ def one_batch(yaml_path: Path, cfg, batch: int):
     ds = YOLODataset(scan_split(data_cfg, "train"), cfg.imgsz, augment=True,
                      hyp=cfg.model_dump(), seed=cfg.seed)
     loader = build_dataloader(ds, batch, 0, shuffle=True, seed=cfg.seed, drop_last=True)
-    return next(iter(loader)), len(data_cfg.names)
+    return next(iter(loader)), len(data_cfg.names), len(ds)
 
 
 def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tuple[float, str]:
@@ -121,19 +127,31 @@ def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tu
     return best * 1e3, note
 
 
-def verdict(yaml_path: Path, args, graphed: bool, project: Path) -> str:
-    """The profiler's verdict of a real profile run in this mode."""
+#: Warm-up steps of the profile window: the graph is captured on the 3rd step.
+PROFILE_WARMUP = 4
+
+
+def verdict(yaml_path: Path, args, graphed: bool, project: Path, epoch_steps: int) -> str:
+    """The profiler's verdict of a real profile run in this mode (window inside one epoch of
+    ``epoch_steps`` steps; ``"-"`` with a note when the epoch is too short)."""
     from libreyolo_core import LibreYOLO
 
+    steps = min(20, epoch_steps - PROFILE_WARMUP)
+    if steps < 2:
+        print(f"profile skipped: an epoch has {epoch_steps} steps, too few for a window of "
+              f"{PROFILE_WARMUP} + 2", file=sys.stderr)
+        return "-"
     with contextlib.redirect_stdout(sys.stderr):
         result = LibreYOLO(args.model).train(
             data=str(yaml_path), epochs=3, batch=args.batch, imgsz=args.imgsz, workers=4,
             amp=True, cuda_graph=graphed, profile=True, profile_then_stop=True,
+            profile_warmup=PROFILE_WARMUP, profile_steps=steps,
             profile_open=False, no_aug_epochs=0, val=False, device="0", project=str(project),
             name="graph" if graphed else "eager", exist_ok=True,
         )
     prof = result.get("profile") or {}
-    return str(prof.get("verdict", "no profile"))
+    reliable = (prof.get("confidence") or {}).get("reliable")
+    return str(prof.get("verdict", "no profile")) + ("" if reliable in (True, None) else "?")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=24, help="timed steps (the fastest is kept)")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps (capture on the 3rd)")
     ap.add_argument("--no-profile", action="store_true", help="skip the two profile runs")
+    ap.add_argument("--data", default=None, help="dataset yaml (default: a copy of coco128)")
     args = ap.parse_args(argv)
 
     import torch
@@ -159,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from libreyolo_core.config import resolve_config
 
-    yaml_path = coco128_copy()
+    yaml_path = Path(args.data) if args.data else coco128_copy()
     cfg = resolve_config({"model": args.model, "data": str(yaml_path), "batch": args.batch,
                           "imgsz": args.imgsz, "amp": True})
-    batch, nc = one_batch(yaml_path, cfg, args.batch)
+    batch, nc, images = one_batch(yaml_path, cfg, args.batch)
     eager_ms, _ = step_time(cfg, batch, nc, False, args.warmup, args.steps)
     gc.collect()  # the eager mode's model and optimizer are gone before the graphed one
     torch.cuda.empty_cache()
@@ -171,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = ("-", "-")
     if not args.no_profile:
         with tempfile.TemporaryDirectory(prefix="bench-cg-") as project:
-            verdicts = (verdict(yaml_path, args, False, Path(project)),
-                        verdict(yaml_path, args, True, Path(project)))
+            epoch_steps = images // args.batch
+            verdicts = (verdict(yaml_path, args, False, Path(project), epoch_steps),
+                        verdict(yaml_path, args, True, Path(project), epoch_steps))
     speedup = eager_ms / graph_ms
     goal = ""
     if args.model == "yolo9-t":
         goal = f" (goal >= {GOAL}x: {'met' if speedup >= GOAL else 'not met'})"
-    print(f"cuda_graph_step {args.model} b{args.batch} {args.imgsz} {cfg.amp_dtype} "
+    data_name = "" if not args.data else f" data={Path(args.data).parent.name}"
+    print(f"cuda_graph_step {args.model}{data_name} b{args.batch} {args.imgsz} {cfg.amp_dtype} "
           f"{torch.cuda.get_device_name()}: eager {eager_ms:.1f} ms [{verdicts[0]}] | "
           f"cuda_graph {graph_ms:.1f} ms [{verdicts[1]}] | speed-up {speedup:.2f}x{goal}",
           flush=True)

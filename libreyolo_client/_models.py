@@ -20,7 +20,8 @@ class _Model(BaseModel):
 class JobInfo(_Model):
     """A job as ``GET /v1/jobs/{id}`` returns it.
 
-    ``progress`` holds the latest epoch, epochs, step, steps, eta_s, losses and metrics;
+    ``progress`` holds the latest epoch, epochs, step, steps, eta_s, losses and metrics (a
+    profile job: ``phase="profiling"``, ``step`` of ``steps`` = ``warmup`` + ``measured``);
     ``result`` (on success) the final ``metrics``, ``best_epoch`` and, for profile jobs,
     ``verdict`` and ``bound_why``; ``error`` (on failure) ``reason``, ``exit_code`` and
     ``log_tail``. Times are UTC; ``duration_s`` is in seconds. ``waiting`` says why a

@@ -22,12 +22,17 @@ def format_bytes(n: float) -> str:
 
 def progress_text(d: dict) -> str:
     """One line for a ``progress`` event: ``epoch 2/10  step 5/8  eta 40s`` while
-    training, ``epoch 2/10  validating 3/4`` while validating."""
+    training, ``epoch 2/10  validating 3/4`` while validating, ``profile window step 7/25
+    (5 warm-up + 20 measured)  eta 9s`` in a profile job."""
+    eta = d.get("eta_s")
+    eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
+    if d.get("phase") == "profiling":
+        window = (f" ({d.get('warmup')} warm-up + {d.get('measured')} measured)"
+                  if d.get("warmup") is not None else "")
+        return f"profile window step {d.get('step')}/{d.get('steps')}{window}{eta_s}"
     head = f"epoch {d.get('epoch')}/{d.get('epochs')}"
     if d.get("phase") == "validating":
         return f"{head}  validating {d.get('val_batch')}/{d.get('val_batches')}"
-    eta = d.get("eta_s")
-    eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
     return f"{head}  step {d.get('step')}/{d.get('steps')}{eta_s}"
 
 

@@ -112,7 +112,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def _summary(info: JobInfo) -> str:
     p = info.progress or {}
-    if info.status in ("running", "cancelling") and p.get("epoch"):
+    if info.status in ("running", "cancelling") and (p.get("epoch") or p.get("phase") == "profiling"):
         return progress_text(p)
     if info.status in ("running", "cancelling"):
         return "starting (setting up the run)"

@@ -43,6 +43,17 @@ EASY_SET = {"n_train": 64, "n_val": 16, "imgsz": 128, "nc": 2, "size_range": (0.
             "max_shapes": 2}
 #: the mAP50 the demo calls "learned" (issue 13: a visibly learned model).
 LEARNED_MAP50 = 0.3
+def profile_window(batch: int, n_train: int | None) -> tuple[int, int]:
+    """``(warm-up, measured)`` steps of the demo's profile job: 2 + 6, shrunk to fit the one
+    epoch of ``n_train`` images at ``batch`` the window must stay in (the synthetic set's
+    size is known; for a user's dataset, ``None``, the engine names the ways out if needed)."""
+    if n_train is None:
+        return 2, 6
+    epoch = max(n_train // batch, 1) if n_train >= batch else 1
+    warm = min(2, max(epoch - 6, 0 if epoch < 4 else 1))
+    return warm, max(min(6, epoch - warm), 2)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         profile = None
         if not args.no_profile:
             try:
-                # A short window (2 warm-up + 6 measured steps); the run stops after it.
+                # A short window (2 warm-up + 6 measured steps, fewer when one epoch of the
+                # synthetic set is shorter: the window stays inside it); the run stops after it.
                 # epochs=2 and a time budget bound it whatever the engine does.
+                warm, steps = profile_window(args.batch, None if args.data else EASY_SET["n_train"])
                 profile = client.profile(model=args.model, data=data, gpus=gpus and 1,
                                          time_budget_s=args.profile_budget_s, epochs=2,
-                                         profile_warmup=2, profile_steps=6, priority=0,
+                                         profile_warmup=warm, profile_steps=steps, priority=0,
                                          imgsz=args.imgsz, batch=args.batch, workers=0)
                 _say(f"== profile job {profile.id} queued (it runs after the train job)")
             except LibreYOLOError as exc:

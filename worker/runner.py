@@ -237,7 +237,7 @@ class _Run:
     def _observe(self, name: str, ev: dict[str, Any]) -> None:
         if name in ("progress", "epoch_start"):
             for k in ("phase", "epoch", "epochs", "step", "steps", "val_batch", "val_batches",
-                      "eta_s", "img_per_s", "losses"):
+                      "warmup", "measured", "eta_s", "img_per_s", "losses"):
                 if k in ev:
                     self.progress[k] = ev[k]
         elif name == "epoch_end":

@@ -166,6 +166,7 @@ class Trainer:
         self.profiler = None  # set in _setup only when cfg.profile
         self.profile_summary: dict[str, Any] | None = None
         self.profile_only = False
+        self._last_window_report = 0.0  # when the profile window's progress was last reported
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
         self._owns_process_group = False
         self._stop_agreed = False  # under DDP: every rank knows a stop was requested
@@ -317,9 +318,12 @@ class Trainer:
         elif cfg.profile:
             from libreyolo_core.profiler import TrainingProfiler
 
+            # the window stays inside the first epoch this run trains (LibreYOLO's contract)
+            epochs_left = cfg.epochs - (int(ckpt["epoch"]) + 1 if ckpt else 0)
             self.profiler = TrainingProfiler(
                 cfg, device=self.device, batch=self.batch, accumulate=self.accumulate,
-                steps_available=len(self.train_loader) * (cfg.epochs - (int(ckpt["epoch"]) + 1 if ckpt else 0)),
+                steps_available=len(self.train_loader) if epochs_left > 0 else 0,
+                images=len(self.train_set), nbs=cfg.nbs,
                 meta={"model": f"{self.spec.title}-{self.size}", "device": str(self.device),
                       "batch": self.batch, "imgsz": cfg.imgsz, "amp": self.amp.enabled,
                       "amp_dtype": self.amp.name, "workers": cfg.workers, "cuda_graph": cfg.cuda_graph,
@@ -609,9 +613,12 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         t_start = time.perf_counter()
         images_seen = 0
-        progress = self._progress(epoch, nb)
-        self.optimizer.zero_grad(set_to_none=True)
         prof = self.profiler  # None unless profiling: then the loop below takes no detour
+        # a profile-only run reports the window (step k of warmup + steps), not the epoch
+        window_progress = prof is not None and cfg.profile_then_stop
+        progress = (self._progress(epoch, prof.window.total, desc="profile window")
+                    if window_progress else self._progress(epoch, nb))
+        self.optimizer.zero_grad(set_to_none=True)
         world_size = self.dist.world_size
         by_batch = self.spec.scale_loss_by_batch
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
@@ -674,15 +681,22 @@ class Trainer:
             if window_end:
                 self._optimizer_step(prof)
             images_seen += imgs.shape[0] * world_size
-            if prof is not None and prof.step_end():
-                self._finish_profile()
-                prof = None
-                if self.stop_requested:
-                    break
+            if prof is not None:
+                done, total = prof.position[0] + 1, prof.window.total
+                finished = prof.step_end()
+                if window_progress:
+                    self._window_progress(prof, done, total, t_start, images_seen,
+                                          self._mean_losses(sums, counted), progress,
+                                          last=finished)
+                if finished:
+                    self._finish_profile()
+                    prof = None
+                    if self.stop_requested:
+                        break
             now = time.perf_counter()
-            report = ((i + 1) % cfg.log_interval == 0 or i + 1 == nb
-                      or now - last_report >= PROGRESS_EVERY_S)
-            if progress is not None or report:
+            report = not window_progress and ((i + 1) % cfg.log_interval == 0 or i + 1 == nb
+                                              or now - last_report >= PROGRESS_EVERY_S)
+            if not window_progress and (progress is not None or report):
                 elapsed = now - t_start
                 ips = images_seen / max(elapsed, 1e-9)
                 mean = self._mean_losses(sums, counted)
@@ -805,13 +819,47 @@ class Trainer:
         return on_batch
 
     # -- output ---------------------------------------------------------------------------
-    def _progress(self, epoch: int, total: int):
+    def _progress(self, epoch: int, total: int, desc: str | None = None):
         if not sys.stderr.isatty() or not self.dist.is_main:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", unit="batch",
-                    dynamic_ncols=True, leave=True)
+        return tqdm(total=total, desc=desc or f"epoch {epoch + 1}/{self.cfg.epochs}",
+                    unit="batch", dynamic_ncols=True, leave=True)
+
+    def _window_progress(self, prof, done: int, total: int, t_start: float, images: int,
+                         losses: dict[str, float], bar, last: bool) -> None:
+        """Progress of a profile-only run: the window, step ``done`` of ``warmup + steps``.
+
+        A ``progress`` event ``{phase: "profiling", step, steps, warmup, measured, eta_s,
+        img_per_s, losses}`` (no epoch: the run never leaves the first one) at the first
+        and last step, the end of the warm-up, every ``log_interval`` steps and at least
+        every :data:`PROGRESS_EVERY_S`; the same as a printed line when stderr is no
+        terminal, a tqdm bar when it is."""
+        now = time.perf_counter()
+        elapsed = now - t_start
+        if bar is not None:
+            bar.set_postfix({**{k: f"{v:.3f}" for k, v in losses.items()},
+                             "img/s": f"{images / max(elapsed, 1e-9):.1f}"})
+            bar.update(1)
+            if last:
+                bar.close()
+        warmup = prof.window.warmup
+        due = (done in (1, warmup) or last or done % self.cfg.log_interval == 0
+               or now - self._last_window_report >= PROGRESS_EVERY_S)
+        if not due:
+            return
+        self._last_window_report = now
+        eta = (total - done) * elapsed / done
+        ips = images / max(elapsed, 1e-9)
+        stage = "warm-up" if done <= warmup else "measured"
+        self.events.emit("progress", phase="profiling", step=done, steps=total, warmup=warmup,
+                         measured=total - warmup, eta_s=round(eta, 1), img_per_s=round(ips, 2),
+                         losses=losses)
+        if bar is None and self.dist.is_main:
+            print(f"profile window step {done}/{total} ({stage}; {warmup} warm-up + "
+                  f"{total - warmup} measured) " + " ".join(f"{k}={v:.4f}" for k, v in losses.items())
+                  + f" {ips:.1f} img/s eta {eta:.0f}s", flush=True)
 
     def _print_header(self) -> None:
         if not self.dist.is_main:

@@ -1,9 +1,11 @@
 """Training profiler: measure a window of real steps, give one verdict, write artifacts.
 
-``TrainingProfiler`` (the hooks the trainer calls), ``ProfileWindowError`` (the dataset
-cannot fill the window). Modules: ``window`` (measurement), ``analysis`` (trace mining),
-``verdict`` (thresholds and rules), ``artifacts`` / ``timeline`` (files), ``report`` (text),
-``cli`` (``libreyolo profile ...``). Imported lazily, so the readers never load torch.
+``TrainingProfiler`` (the hooks the trainer calls), ``ProfileWindowError`` (the first epoch
+cannot hold the window). Modules: ``window`` (measurement), ``load`` (the machine's load
+during the window), ``confidence`` (how sure a verdict is), ``analysis`` (trace mining),
+``verdict`` (thresholds and rules), ``artifacts`` / ``timeline`` (files), ``report`` (text,
+``compare``), ``trial`` (one profile trial as data), ``cli`` (``libreyolo profile ...``).
+Imported lazily, so the readers never load torch.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Files written into the run directory (reference A.4):
 - ``profile_trace.json.gz`` — the raw ``torch.profiler`` Chrome trace, gzip-compressed (written
   there by the window; Perfetto opens it as is).
 - ``profile_summary.json`` — ``meta``, ``window``, ``real`` (unsynced figures),
-  ``composition_ms`` (synced per-phase means), ``bound``, ``bound_why``, ``trace``,
+  ``composition_ms`` (synced per-phase means), ``bound``, ``bound_why``, ``confidence``
+  (how sure the verdict is), ``load`` (the machine's load during the window), ``trace``,
   ``analysis`` (the headline trace figures).
 - ``profile.json`` — schema :data:`SCHEMA`: self-contained, everything the
   ``libreyolo profile`` readers need (no path in it is ever opened again).
@@ -30,6 +31,8 @@ from libreyolo_core.profiler.analysis import (
     load_trace,
     order_phases,
 )
+from libreyolo_core.profiler.confidence import assess
+from libreyolo_core.profiler.load import WindowLoad
 
 __all__ = [
     "SCHEMA",
@@ -100,6 +103,8 @@ def build_profile(
     trace: str | None = None,
     trace_error: str | None = None,
     steps: Sequence[Mapping[str, Any]] = (),
+    spread: tuple[Sequence[float], Sequence[float]] | None = None,
+    load: WindowLoad | None = None,
 ) -> dict[str, Any]:
     """Assemble the ``profile.json`` dict (schema :data:`SCHEMA`, fields of reference A.5).
 
@@ -109,6 +114,10 @@ def build_profile(
         real: :func:`real_figures`. composition_ms: :func:`composition`.
         analysis: :func:`~libreyolo_core.profiler.analysis.analyze_trace` or ``None``.
         device_type: ``cpu``/``cuda``/``mps``. steps: per-step records for the timeline.
+        spread: ``(step_ms, dataload_ms)`` of each unsynced step: the verdict's confidence
+            (:func:`~libreyolo_core.profiler.confidence.assess`); ``None`` (a profile rebuilt
+            from a bare trace) leaves ``confidence`` null.
+        load: the machine's load during the window (``load`` in the profile), or ``None``.
     """
     a = dict(analysis or {})
     cpu = device_type == "cpu"
@@ -155,6 +164,7 @@ def build_profile(
         notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
     if analysis is None:
         notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    confidence = assess(*spread, load, bound) if spread is not None else None
     profile: dict[str, Any] = {
         "schema": SCHEMA,
         "trace": trace,
@@ -164,6 +174,8 @@ def build_profile(
         "device_type": device_type,
         "bound": bound,
         "bound_why": why,
+        "confidence": confidence.to_dict() if confidence is not None else None,
+        "load": load.to_dict() if load is not None else None,
         "levers": V.LEVERS[bound],
         "lever": V.lever(bound, {**meta, "device": device_type}),
         "step_ms": step_ms,
@@ -239,6 +251,13 @@ def flat_metrics(p: Mapping[str, Any]) -> dict[str, Any]:
         "memory_pressure": p.get("memory_pressure"),
         "bound": p.get("bound"),
     }
+    conf = p.get("confidence") or {}
+    load = p.get("load") or {}
+    m["reliable"] = conf.get("reliable")
+    m["step_ms_cv"] = conf.get("step_ms_cv")
+    m["dataload_ms_cv"] = conf.get("dataload_ms_cv")
+    m["other_cpu_frac"] = load.get("other_cpu_frac")
+    m["loadavg_1m"] = load.get("loadavg_1m")
     for row in p.get("phases", []):
         ph = row["phase"]
         m[f"{ph}_gpu_ms"] = row.get("gpu_ms_per_step")
@@ -271,6 +290,8 @@ def summary_of(profile: Mapping[str, Any]) -> dict[str, Any]:
         "composition_total_ms": profile.get("composition_total_ms"),
         "bound": profile.get("bound"),
         "bound_why": profile.get("bound_why"),
+        "confidence": profile.get("confidence"),
+        "load": profile.get("load"),
         "trace": profile.get("trace"),
         "device_type": profile.get("device_type"),
         "analysis": {
@@ -329,10 +350,11 @@ def write_artifacts(
         }
         for r in prof.records
     ]
+    unsynced = prof.measured("unsynced")
     profile = build_profile(
         meta=prof.meta,
         window=window,
-        real=real_figures(prof.measured("unsynced"), prof.batch),
+        real=real_figures(unsynced, prof.batch),
         composition_ms=composition(prof.measured("synced")),
         analysis=analysis,
         device_type=prof.device.type,
@@ -340,6 +362,8 @@ def write_artifacts(
         trace=TRACE_NAME if trace_path is not None else None,
         trace_error=trace_error,
         steps=steps,
+        spread=([r.wall_ms for r in unsynced], [r.dataload_ms for r in unsynced]),
+        load=getattr(prof, "load", None),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "profile.json", profile)
@@ -390,7 +414,7 @@ def profile_from_trace(path: str | Path) -> dict[str, Any]:
         meta, window, comp, peak = {"source": path.name}, {"real_steps": steps}, {}, None
         device_type = "cuda" if a["has_gpu"] else "cpu"
     real = {"img_per_s": None, "compute_ms": 0.0, **real}
-    return build_profile(
+    profile = build_profile(
         meta=meta,
         window=window,
         real=real,
@@ -400,6 +424,10 @@ def profile_from_trace(path: str | Path) -> dict[str, Any]:
         peak_vram_mb=peak,
         trace=path.name,
     )
+    if summary_path.is_file():  # the window's own confidence and load, recorded at the time
+        profile["confidence"], profile["load"] = s.get("confidence"), s.get("load")
+        profile["metrics"] = flat_metrics(profile)
+    return profile
 
 
 def _dataload_wall(trace: Mapping[str, Any], a: Mapping[str, Any]) -> float:

@@ -2,7 +2,11 @@
 
 Exit codes: 0 ok; 1 a trace that cannot be analysed; 2 usage error, missing file, unknown
 field or phase (the message lists the valid ones); 3 ``run`` produced no profile because the
-dataset cannot fill the window (the message names the three ways out).
+first epoch cannot hold the window (the message names the three ways out, with numbers).
+
+``run`` prints, besides the verdict, how sure it is: the spread of the window's steps and
+the machine's load (``confidence`` and ``load`` in ``profile.json``); ``compare`` puts both
+sides' load next to the delta and says when the environment may explain it.
 
 Readers accept a ``profile.json`` (schema ``libreyolo.profile...``), a ``profile_repeat.json``,
 a raw ``profile_trace.json.gz`` or plain ``.json`` trace (analysed on the fly, with a sibling ``profile_summary.json`` if
@@ -12,8 +16,6 @@ present) or a directory holding ``profile.json``. Every subcommand takes ``--jso
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import json
 import re
 import statistics
@@ -106,9 +108,14 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
     ``img_per_s`` becomes the mean with ``img_per_s_std`` (population std), ``img_per_s_n``
     and ``img_per_s_trials``; every :data:`REPEAT_SCALARS` value becomes its mean; the bound
     is ``mixed`` when the trials disagree. Kernel/op lists come from the last trial.
+    ``confidence`` combines the trials' (:func:`~.confidence.combine_confidence`) and
+    ``load`` averages their loads (:func:`~.load.mean_load`, with the worst trial and each
+    trial's own).
     """
     from libreyolo_core.profiler import verdict as V
     from libreyolo_core.profiler.artifacts import flat_metrics
+    from libreyolo_core.profiler.confidence import Confidence, combine_confidence
+    from libreyolo_core.profiler.load import mean_load
 
     out = json.loads(json.dumps(profiles[-1]))
     ips = [p["img_per_s"] for p in profiles if p.get("img_per_s") is not None]
@@ -140,6 +147,9 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
             f"all {len(bounds)} trials agree; last trial: {profiles[-1].get('bound_why')}"
         )
     out["memory_pressure"] = out["bound"] == V.MEMORY
+    out["confidence"] = combine_confidence(
+        [Confidence.from_dict(p.get("confidence")) for p in profiles], bounds).to_dict()
+    out["load"] = mean_load([p.get("load") for p in profiles])
     out["aggregation"] = {
         "n": len(profiles),
         "profiles": list(paths),
@@ -152,72 +162,40 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Profile ``--repeat`` short training runs; exit 3 when the window cannot be filled."""
-    import torch
-
-    from libreyolo_core.facade import LibreYOLO
-    from libreyolo_core.profiler.analysis import TRACE_NAME
+    """Profile ``--repeat`` short training runs (:func:`~.trial.run_trial` each); exit 3
+    when the first epoch cannot hold the window."""
     from libreyolo_core.profiler.artifacts import write_json
+    from libreyolo_core.profiler.trial import NoProfileError, result_json, run_trial
     from libreyolo_core.profiler.window import ProfileWindowError
 
     project = Path(args.project)
-    profiles, paths = [], []
+    results = []
     for i in range(args.repeat):
         name = "prof" if args.repeat == 1 else f"prof_{i + 1}"
-        overrides: dict[str, Any] = dict(
-            epochs=args.epochs or args.warmup + args.steps + 5,
-            profile=True,
-            profile_then_stop=True,
-            profile_steps=args.steps,
-            profile_warmup=args.warmup,
-            profile_open=False,
-            no_aug_epochs=0,
-            val=False,
-            project=str(project),
-            name=name,
-            exist_ok=True,
-            batch=args.batch,
-            imgsz=args.imgsz,
-            workers=args.workers,
-            amp=args.amp,
-        )
-        if args.device is not None:
-            overrides["device"] = args.device
-        out = sys.stderr if args.json else sys.stdout
         try:
-            with contextlib.redirect_stdout(out):
-                LibreYOLO(_model_name(args)).train(data=args.data, **overrides)
+            results.append(run_trial(
+                args.data, _model_name(args), project=project, name=name, warmup=args.warmup,
+                steps=args.steps, epochs=args.epochs, stdout=sys.stderr if args.json else None,
+                batch=args.batch, imgsz=args.imgsz, workers=args.workers, amp=args.amp,
+                device=args.device,
+            ))
         except ProfileWindowError as exc:
             print(f"error: no profile for trial {i + 1}: {exc}", file=sys.stderr)
             return EXIT_NO_PROFILE
-        run_dir = project / name
-        if not (run_dir / "profile.json").is_file():
-            print(
-                f"error: no profile was produced for trial {i + 1} ({run_dir}): the warmup + "
-                f"steps window never filled. Ways out: {', '.join(REMEDIES)}",
-                file=sys.stderr,
-            )
+        except NoProfileError as exc:
+            print(f"error: trial {i + 1}: {exc}. Ways out: {', '.join(REMEDIES)}",
+                  file=sys.stderr)
             return EXIT_NO_PROFILE
-        profiles.append(json.loads((run_dir / "profile.json").read_text(encoding="utf-8")))
-        paths.append(str(run_dir / "profile.json"))
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    profiles = [r.profile for r in results]
+    paths = [str(r.profile_path) for r in results]
     final, final_path = profiles[-1], paths[-1]
     if len(profiles) >= 2:
         final = aggregate(profiles, paths)
         final_path = str(project / "profile_repeat.json")
         write_json(Path(final_path), final)
-    trace = Path(paths[-1]).with_name(TRACE_NAME)
-    result = {
-        "profile": final_path,
-        "trace": str(trace) if trace.is_file() else None,
-        "img_per_s": final.get("img_per_s"),
-        "img_per_s_std": final.get("img_per_s_std"),
-        "img_per_s_n": final.get("img_per_s_n", 1),
-        "bound": final.get("bound"),
-        "gpu_util": final.get("gpu_util"),
-    }
+    trace = results[-1].trace_path
+    result = {"profile": final_path, "trace": str(trace) if trace else None,
+              **result_json(final)}
     if args.json:
         print(json.dumps(result))
     else:
@@ -324,7 +302,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from libreyolo_core.profiler.report import compare_profiles, format_compare
 
     c = compare_profiles(load_profile(args.before), load_profile(args.after))
-    return _emit(args, c, format_compare(c))
+    return _emit(args, c.to_dict(), format_compare(c))
 
 
 # -- parser ------------------------------------------------------------------------------
@@ -355,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs",
         type=int,
         default=None,
-        help="epochs the window may span (default warmup + steps + 5)",
+        help="length of the LR schedule the trial runs in (default warmup + steps + 5); "
+        "the window itself stays inside the first epoch",
     )
     r.add_argument("--json", action="store_true")
 

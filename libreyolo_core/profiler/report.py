@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
@@ -13,6 +14,12 @@ __all__ = [
     "compare_profiles",
     "format_compare",
     "significance",
+    "Comparison",
+    "Environment",
+    "environment",
+    "side_load",
+    "load_text",
+    "confidence_lines",
 ]
 
 
@@ -72,6 +79,7 @@ def format_summary(p: Mapping[str, Any]) -> str:
             f"{_f(p.get('cuda_mallocs_per_step'), 1)}"
         )
     lines.append(f"verdict: {p.get('bound')} — {p.get('bound_why')}")
+    lines += confidence_lines(p)
     lv = p.get("lever") or {}
     if lv.get("params"):
         lines.append("lever: try " + " ".join(f"{k}={v}" for k, v in lv["params"].items())
@@ -96,6 +104,48 @@ def format_summary(p: Mapping[str, Any]) -> str:
     for note in p.get("notes") or []:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def load_text(load: Mapping[str, Any] | None) -> str:
+    """``other processes 0.8 of 2 cores (40% of the CPU), load average 1.9``: one side's load
+    during its window (a repeat aggregate: the mean over trials), or ``not recorded``."""
+    if not load:
+        return "not recorded"
+    parts = []
+    if load.get("other_cpu_frac") is not None:
+        cores = load.get("other_cpu_cores")
+        part = f"other processes {_pct(load['other_cpu_frac'])} of the CPU"
+        if cores is not None:
+            part += f" ({cores:.1f} of {load.get('cpu_count')} cores)"
+        if load.get("other_cpu_frac_max") is not None:
+            part += f", at most {_pct(load['other_cpu_frac_max'])} in one trial"
+        parts.append(part)
+    if load.get("loadavg_1m") is not None:
+        parts.append(f"load average {load['loadavg_1m']:.2f} (1 min, this run included)")
+    return ", ".join(parts) or "not recorded"
+
+
+def confidence_lines(p: Mapping[str, Any]) -> list[str]:
+    """The spread of the window, the machine's load, and the unreliable warning if any."""
+    c = p.get("confidence")
+    if not c:
+        return ["confidence: not recorded (a profile rebuilt from a bare trace, or an older one)"]
+    out = [
+        f"spread: step time CV {_pct(c.get('step_ms_cv'))}, data wait CV "
+        f"{_pct(c.get('dataload_ms_cv'))} over {c.get('steps')} unsynced steps; machine: "
+        f"{load_text(p.get('load'))}"
+    ]
+    if c.get("reliable"):
+        out.append("confidence: reliable (steady steps, no competing load)")
+    else:
+        out.append("!! verdict UNRELIABLE: " + "; ".join(c.get("reasons") or []))
+        if c.get("advice"):
+            out.append(f"   {c['advice']}")
+    return out
 
 
 def format_phases(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -158,8 +208,101 @@ def significance(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """Headline deltas ``after - before`` and the significance call."""
+@dataclass(frozen=True)
+class Environment:
+    """Whether the two sides of a comparison ran in comparable environments.
+
+    Attributes:
+        may_explain: True when the machine's load (or a noisy window) may explain the delta
+            rather than the configuration; False when both sides ran quiet and steady;
+            None when a side has no load recorded.
+        note: one sentence saying so, with both sides' figures.
+        reasons: the findings behind ``may_explain``.
+    """
+
+    may_explain: bool | None
+    note: str
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``libreyolo profile compare``'s result (after - before).
+
+    Attributes:
+        metrics: ``{metric: {"before", "after", "delta", "pct"}}`` for the headline figures.
+        bound: ``{"before", "after"}`` verdicts.
+        significance: :func:`significance` of the img/s difference.
+        load: ``{"before", "after"}``: each side's machine load during its window(s)
+            (:func:`side_load`), ``None`` where not recorded.
+        reliable: ``{"before", "after"}``: each side's ``confidence.reliable``.
+        environment: :class:`Environment`: may the environment explain the delta?
+    """
+
+    metrics: dict[str, dict[str, Any]]
+    bound: dict[str, Any]
+    significance: dict[str, Any]
+    load: dict[str, dict[str, Any] | None]
+    reliable: dict[str, bool | None]
+    environment: Environment
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: the metric rows at the top level, then ``bound``, ``significance``,
+        ``load``, ``reliable`` and ``environment``."""
+        return {**self.metrics, "bound": self.bound, "significance": self.significance,
+                "load": self.load, "reliable": self.reliable,
+                "environment": asdict(self.environment) | {"reasons": list(self.environment.reasons)}}
+
+
+def side_load(p: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One side's load: the profile's ``load`` (a repeat aggregate's holds the means over
+    its trials, ``other_cpu_frac_max`` and ``trials``); ``None`` when not recorded."""
+    load = p.get("load")
+    return dict(load) if isinstance(load, Mapping) else None
+
+
+def environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Environment:
+    """May the environment, not the configuration, explain the difference between two
+    profiles? Yes when a side's window was loaded (other processes took
+    :data:`~.verdict.LOADED_OTHER_FRAC` of the CPU or more, in any trial), when the two
+    sides' loads differ by :data:`~.verdict.LOAD_DIFF_FRAC` or more, or when a side's
+    window was unreliable for any other reason (noisy steps)."""
+    from libreyolo_core.profiler import verdict as V
+
+    la, lb = side_load(a), side_load(b)
+    fa = la.get("other_cpu_frac") if la else None
+    fb = lb.get("other_cpu_frac") if lb else None
+    if fa is None or fb is None:
+        missing = [n for n, f in (("before", fa), ("after", fb)) if f is None]
+        return Environment(None, f"machine load not recorded for {' and '.join(missing)}: "
+                           "the environment cannot be ruled out as the cause of the delta")
+    reasons: list[str] = []
+    for name, load, frac in (("before", la, fa), ("after", lb, fb)):
+        worst = load.get("other_cpu_frac_max", frac)
+        if worst is not None and worst >= V.LOADED_OTHER_FRAC:
+            reasons.append(f"{name} ran on a loaded machine (other processes "
+                           f"{_pct(worst)} of the CPU)")
+    if abs(fa - fb) >= V.LOAD_DIFF_FRAC:
+        busier = "after" if fb > fa else "before"
+        reasons.append(f"the machine was busier during {busier} (other processes "
+                       f"{_pct(fa)} before, {_pct(fb)} after)")
+    for name, p in (("before", a), ("after", b)):
+        conf = p.get("confidence") or {}
+        if "noisy_steps" in (conf.get("flags") or ()):
+            cv = conf.get("step_ms_cv")
+            reasons.append(f"{name}'s steps did not repeat (step time CV {_pct(cv)})")
+    if reasons:
+        return Environment(True, "the environment, not the configuration, may explain the "
+                           "delta: " + "; ".join(reasons) + ". Profile both sides again on a "
+                           "quiet machine with --repeat 3", tuple(reasons))
+    return Environment(False, f"both sides ran on a quiet machine (other processes {_pct(fa)} "
+                       f"and {_pct(fb)} of the CPU) with steady steps: the environment does "
+                       "not explain the delta")
+
+
+def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
+    """Headline deltas ``after - before``, the significance call, both sides' load and
+    whether the environment may explain the delta (:func:`environment`)."""
 
     def pair(key: str, fa: Any = None, fb: Any = None) -> dict[str, Any]:
         va = fa if fa is not None else a.get(key)
@@ -174,34 +317,46 @@ def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, An
         batch = (p.get("config") or {}).get("batch")
         return round(p["step_ms"] / batch, 4) if p.get("step_ms") and batch else None
 
-    return {
-        "img_per_s": pair("img_per_s"),
-        "ms_per_image": pair("ms_per_image", per_image(a), per_image(b)),
-        "step_ms": pair("step_ms"),
-        "dataload_frac": pair("dataload_frac"),
-        "gpu_util": pair("gpu_util"),
-        "host_overhead_ms_per_step": pair("host_overhead_ms_per_step"),
-        "launches_per_step": pair("launches_per_step"),
-        "bound": {"before": a.get("bound"), "after": b.get("bound")},
-        "significance": significance(a, b),
-    }
+    def reliable(p: Mapping[str, Any]) -> bool | None:
+        return (p.get("confidence") or {}).get("reliable")
+
+    return Comparison(
+        metrics={
+            "img_per_s": pair("img_per_s"),
+            "ms_per_image": pair("ms_per_image", per_image(a), per_image(b)),
+            "step_ms": pair("step_ms"),
+            "dataload_frac": pair("dataload_frac"),
+            "gpu_util": pair("gpu_util"),
+            "host_overhead_ms_per_step": pair("host_overhead_ms_per_step"),
+            "launches_per_step": pair("launches_per_step"),
+        },
+        bound={"before": a.get("bound"), "after": b.get("bound")},
+        significance=significance(a, b),
+        load={"before": side_load(a), "after": side_load(b)},
+        reliable={"before": reliable(a), "after": reliable(b)},
+        environment=environment(a, b),
+    )
 
 
-def format_compare(c: Mapping[str, Any]) -> str:
-    """Text table of :func:`compare_profiles`."""
+def format_compare(c: Comparison) -> str:
+    """Text table of :func:`compare_profiles`: the deltas, each side's load next to them,
+    the significance call and the environment note."""
     out = [f"{'metric':26s} {'before':>12s} {'after':>12s} {'delta':>12s}"]
-    for key, row in c.items():
-        if key in ("significance",):
-            continue
+    for key, row in c.metrics.items():
         d = row.get("delta")
         pct = row.get("pct")
         delta = "" if d is None else f"{d:+.3f}" + (f" ({pct:+.1f}%)" if pct is not None else "")
         out.append(
             f"{key:26s} {_f(row.get('before'), 3):>12s} {_f(row.get('after'), 3):>12s} {delta:>12s}"
         )
-    s = c["significance"]
+    out.append(f"{'bound':26s} {str(c.bound['before']):>12s} {str(c.bound['after']):>12s}")
+    out.append(f"load before: {load_text(c.load['before'])}")
+    out.append(f"load after:  {load_text(c.load['after'])}")
+    s = c.significance
     call = {True: "significant", False: "not significant", None: "no significance call"}[
         s["significant"]
     ]
     out.append(f"img/s: {call} — {s['reason']}")
+    flag = "!! " if c.environment.may_explain else ""
+    out.append(f"{flag}environment: {c.environment.note}")
     return "\n".join(out)

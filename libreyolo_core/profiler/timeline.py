@@ -155,6 +155,24 @@ def _panel(p: Mapping[str, Any]) -> str:
             f"{_fmt(p.get('ops_per_step'), '/step', 0)}",
         ),
     ]
+    conf, load = p.get("confidence") or {}, p.get("load") or {}
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{100 * v:.0f}%"
+
+    rows += [
+        ("spread (CV)", f"step {pct(conf.get('step_ms_cv'))}, data wait "
+                        f"{pct(conf.get('dataload_ms_cv'))}"),
+        ("machine load", f"others {pct(load.get('other_cpu_frac'))} of the CPU, load average "
+                         f"{_fmt(load.get('loadavg_1m'))}"),
+    ]
+    if not conf:
+        sure = "confidence: not recorded"
+    elif conf.get("reliable"):
+        sure = "confidence: reliable (steady steps, no competing load)"
+    else:
+        sure = "UNRELIABLE: " + "; ".join(conf.get("reasons") or []) + (
+            f". {conf['advice']}" if conf.get("advice") else "")
     table = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
     )
@@ -178,7 +196,8 @@ def _panel(p: Mapping[str, Any]) -> str:
         '<div class="label">verdict</div>'
         f'<div class="bound">{html.escape(str(p.get("bound")))}</div>'
         f"<p>{html.escape(str(p.get('bound_why')))}</p>"
-        f'<p class="lever"><b>lever:</b> {html.escape(str(p.get("levers", "")))}</p></div>'
+        f'<p class="lever"><b>lever:</b> {html.escape(str(p.get("levers", "")))}</p>'
+        f'<p class="confidence">{html.escape(sure)}</p></div>'
         f'<table class="figs">{table}</table>'
         f'<h3>per-step phases (wall ms)</h3><canvas id="steps" height="150"></canvas>'
         '<p class="caption" id="steps-caption"></p>'

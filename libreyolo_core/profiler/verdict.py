@@ -17,6 +17,11 @@ aggregate to ``mixed``.
 
 The phase split of the synced half is never an input here: per-phase synchronisation gives
 loader workers slack and hides starvation.
+
+How sure a verdict is (:mod:`libreyolo_core.profiler.confidence`) uses the thresholds of the
+second block below: the spread of the unsynced steps (:data:`NOISY_STEP_CV`,
+:data:`MARGIN_SE`, :data:`MIN_SPREAD_STEPS`) and the machine's load during the window
+(:data:`LOADED_OTHER_FRAC`); ``compare`` adds :data:`LOAD_DIFF_FRAC`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ __all__ = [
     "decide",
     "combine",
     "lever",
+    "NOISY_STEP_CV",
+    "MARGIN_SE",
+    "MIN_SPREAD_STEPS",
+    "LOADED_OTHER_FRAC",
+    "LOAD_DIFF_FRAC",
 ]
 
 #: Data-wait share of the unsynced step at or above which the run is loader-bound.
@@ -45,6 +55,24 @@ COMPUTE_UTIL = 0.80
 MALLOCS_PER_STEP = 5.0
 #: Raw utilisation above this means overlapping busy time: memory pressure.
 UTIL_RAW_OVER = 1.05
+
+# -- how sure a verdict is ------------------------------------------------------------------
+#: Coefficient of variation (sample std / mean) of the unsynced step times above which the
+#: window is too noisy to trust: a quiet machine repeats a training step within a few %.
+NOISY_STEP_CV = 0.20
+#: A data-wait share closer to :data:`DATALOADER_FRAC` than this many standard errors (of
+#: the per-step shares) is a close call: another window could land on the other side. The
+#: data wait's own CV is reported but not judged: with several workers a loader-bound step
+#: waits in bursts (long waits, then none), so a high CV is normal there.
+MARGIN_SE = 2.0
+#: Fewer unsynced steps than this cannot show their spread (``--steps`` at least twice it).
+MIN_SPREAD_STEPS = 3
+#: Other processes taking this share of the machine's CPU time or more during the window
+#: (``load.other_cpu_frac``): they competed with the loader workers and the host side.
+LOADED_OTHER_FRAC = 0.25
+#: ``compare``: the two sides' ``other_cpu_frac`` differing by this much or more means they
+#: ran in different environments.
+LOAD_DIFF_FRAC = 0.15
 
 MEMORY, DATALOADER, COMPUTE, HOST = "memory-pressure", "dataloader", "compute", "host/launch"
 MIXED = "mixed"

@@ -3,7 +3,10 @@
 Window (reference A.1/A.2): ``warmup`` steps are discarded, then ``steps`` steps are
 measured (``steps`` clamped to at least 2). With gradient accumulation both are rounded
 **up** to a multiple of the accumulation factor so the window holds whole optimizer steps.
-A *step* is one micro-batch: one ``step_end()`` call.
+A *step* is one micro-batch: one ``step_end()`` call. The window stays inside the first
+epoch the run trains (the trainer passes one epoch's steps as ``steps_available``); a
+dataset whose epoch is shorter gets :class:`ProfileWindowError` with three concrete ways
+out. The machine's load over the measured steps is read too (:mod:`.load`).
 
 The first ``half = max(1, steps // 2)`` measured steps run without extra synchronisation:
 their wall time (from the start of the blocking ``next(loader)`` to ``step_end``) and data
@@ -32,8 +35,11 @@ from typing import Any
 
 import torch
 
+from libreyolo_core.profiler.load import LoadSnapshot, WindowLoad, window_load
+from libreyolo_core.profiler.load import snapshot as load_snapshot
+
 __all__ = ["TrainingProfiler", "ProfileWindowError", "Window", "plan_window", "StepRecord",
-           "quiet_kineto"]
+           "quiet_kineto", "ways_out"]
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +64,105 @@ MIN_STEPS = 2
 
 
 class ProfileWindowError(ValueError):
-    """The run has fewer steps than the profile window needs (warmup + steps)."""
+    """The first epoch cannot hold the profile window (warmup + steps).
 
-    def __init__(self, needed: int, available: int, batch: int):
-        self.needed, self.available, self.batch = needed, available, batch
+    The window stays inside one epoch (LibreYOLO profiles epoch 0): a window spread over
+    epoch boundaries would time the loader's restarts and a different augmentation state.
+    The message names the three ways out with numbers (:func:`ways_out`).
+
+    Attributes:
+        needed: steps of the window (after accumulation rounding). available: steps of one
+            epoch. batch: images per step. images: training images per epoch (``None`` when
+            unknown). ways: the three ways out, one sentence each.
+    """
+
+    def __init__(self, needed: int, available: int, batch: int, *, images: int | None = None,
+                 window: Window | None = None, nbs: int | None = None):
+        self.needed, self.available, self.batch, self.images = needed, available, batch, images
+        self.ways = ways_out(needed=needed, available=available, batch=batch, images=images,
+                             window=window, nbs=nbs)
+        what = (f" ({window.warmup} warm-up + {window.steps} measured)" if window is not None
+                else " (warmup + steps)")
+        epoch = (f"one epoch of {images} images at batch {batch} has {available}"
+                 if images is not None else f"one epoch at batch {batch} has {available}")
         super().__init__(
-            f"the profile window needs {needed} steps (warmup + steps) but the run only has "
-            f"{available} at batch {batch}. Ways out: a bigger dataset, fewer --steps "
-            "(profile_steps), or a smaller --batch"
+            f"the profile window must fit inside the first epoch: it needs {needed} steps{what} "
+            f"but {epoch}. Ways out: "
+            + "; ".join(f"({i}) {w}" for i, w in enumerate(self.ways, 1))
         )
+
+
+def _fit(available: int, warmup: int, steps: int, acc: int) -> tuple[int, int] | None:
+    """The largest ``(warmup, steps)`` (multiples of ``acc``) that fits ``available`` steps,
+    keeping the measured steps first; ``None`` when not even the minimum window fits."""
+    room = (available // acc) * acc
+    least = acc * math.ceil(MIN_STEPS / acc)
+    if room < least:
+        return None
+    if room >= steps:
+        return min(warmup, room - steps), steps
+    w = min(warmup, acc * ((room // 5) // acc))
+    return w, room - w
+
+
+def _epoch_steps(images: int, batch: int) -> int:
+    """Steps of one epoch on one device: full batches (the loader drops the partial last
+    one), or the single partial batch of a dataset smaller than the batch."""
+    return images // batch if images >= batch else 1
+
+
+def ways_out(*, needed: int, available: int, batch: int, images: int | None,
+             window: Window | None = None, nbs: int | None = None) -> list[str]:
+    """The three ways out of a window that one epoch cannot hold, with numbers.
+
+    Args:
+        needed: steps of the window. available: steps of one epoch at ``batch``.
+        images: training images of one epoch (``None``: the numbers that need it are left
+            out). window: the planned window (its requested warmup/steps and accumulation).
+        nbs: the nominal batch: with it, a smaller batch accumulates more micro-batches and
+            the window grows (rounded to whole accumulation windows).
+
+    Returns:
+        ``[fewer steps, a smaller batch, a bigger dataset]``, one sentence each, with the
+        ``libreyolo profile run`` flags and the training keys to pass.
+    """
+    from libreyolo_core.engine.optim import accumulate_steps
+
+    acc = window.accumulate if window is not None else 1
+    warm = window.warmup if window is not None else max(needed - MIN_STEPS, 0)
+    steps = window.steps if window is not None else MIN_STEPS
+    req_w, req_s = window.requested if window is not None else (warm, steps)
+
+    def flags(w: int, s: int) -> str:
+        return f"--warmup {w} --steps {s} (profile_warmup={w}, profile_steps={s})"
+
+    fit = _fit(available, warm, steps, acc)
+    if fit is not None:
+        fewer = f"fewer steps: {flags(*fit)} fits the {available} steps of one epoch"
+    else:
+        least = acc * math.ceil(MIN_STEPS / acc)
+        fewer = (f"fewer steps cannot help at batch {batch}: one epoch has {available} "
+                 f"step{'s' if available != 1 else ''} and a window measures at least {least}")
+    if images is None:
+        smaller = f"a smaller --batch than {batch} (more steps per epoch)"
+        bigger = f"a bigger dataset: at least {needed * batch} training images at batch {batch}"
+        return [fewer, smaller, bigger]
+    smaller = ""
+    for b in range(batch - 1, 0, -1):
+        need_b = plan_window(req_w, req_s, accumulate_steps(b, nbs)).total if nbs else needed
+        if images >= b and _epoch_steps(images, b) >= need_b:
+            smaller = (f"a smaller batch: --batch {b} gives {_epoch_steps(images, b)} steps per "
+                       f"epoch, enough for the {need_b}-step window")
+            break
+    if not smaller:
+        smaller = (f"a smaller batch alone cannot: even --batch 1 gives only {images} "
+                   f"step{'s' if images != 1 else ''} per epoch")
+        both = _fit(images, warm, steps, 1) if batch > 1 and not nbs else None
+        if both is not None:
+            smaller += f"; --batch 1 with {flags(*both)} fits"
+    bigger = (f"a bigger dataset: at least {needed * batch} training images for {needed} steps "
+              f"at batch {batch} (this one has {images})")
+    return [fewer, smaller, bigger]
 
 
 @dataclass(frozen=True)
@@ -127,11 +223,17 @@ class TrainingProfiler:
             ``profile_open`` are read).
         device: the training device; synchronisation happens only on CUDA.
         batch: images per micro-batch. accumulate: micro-batches per optimizer step.
-        steps_available: micro-batches the run will perform (``len(loader) * epochs left``).
+        steps_available: micro-batches of ONE epoch (``len(loader)``): the window stays
+            inside the first epoch the run trains. ``None`` skips the check.
+        images: training images of one epoch, and nbs: the nominal batch; both only make
+            the numbers of :class:`ProfileWindowError`'s ways out concrete.
         meta: environment recorded in the artifacts (model, device, batch, imgsz, amp, ...).
 
+    Besides the per-step times, the machine's load over the measured steps is read
+    (:mod:`libreyolo_core.profiler.load`) at their start and at the window's end.
+
     Raises:
-        ProfileWindowError: ``steps_available`` cannot fill ``warmup + steps``.
+        ProfileWindowError: one epoch (``steps_available``) cannot hold ``warmup + steps``.
     """
 
     def __init__(
@@ -142,6 +244,8 @@ class TrainingProfiler:
         batch: int = 1,
         accumulate: int = 1,
         steps_available: int | None = None,
+        images: int | None = None,
+        nbs: int | None = None,
         meta: dict[str, Any] | None = None,
     ):
         self.window = plan_window(
@@ -156,7 +260,8 @@ class TrainingProfiler:
                 self.window.steps,
             )
         if steps_available is not None and steps_available < self.window.total:
-            raise ProfileWindowError(self.window.total, int(steps_available), int(batch))
+            raise ProfileWindowError(self.window.total, int(steps_available), int(batch),
+                                     images=images, window=self.window, nbs=nbs)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.batch = int(batch)
@@ -174,6 +279,8 @@ class TrainingProfiler:
         self.trace_error: str | None = None
         self.peak_vram_mb: float | None = None
         self._summary: dict[str, Any] | None = None
+        self._load_start: LoadSnapshot | None = None
+        self.load: WindowLoad | None = None
 
     # -- window bookkeeping -------------------------------------------------------------
     def _kind(self, index: int) -> str:
@@ -181,6 +288,11 @@ class TrainingProfiler:
         if index < w.warmup:
             return "warmup"
         return "unsynced" if index < w.warmup + w.half else "synced"
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(steps done, warmup + steps)``: where the window is, for progress reports."""
+        return len(self.records), self.window.total
 
     @property
     def synced(self) -> bool:
@@ -253,6 +365,11 @@ class TrainingProfiler:
                 try:
                     batch = next(it)
                 except StopIteration:
+                    if self.records:
+                        log.warning("profiler: the loader ended after %d of the window's %d "
+                                    "steps; the window goes on in the next pass, so its figures "
+                                    "include a loader restart",
+                                    len(self.records), self.window.total)
                     return
             self._fetch_start = t0
             self._current.dataload_ms += (time.perf_counter() - t0) * 1e3
@@ -263,6 +380,8 @@ class TrainingProfiler:
             with contextlib.suppress(Exception):
                 torch.cuda.reset_peak_memory_stats(self.device)
         self._start_trace()
+        if self.window.warmup == 0:
+            self._load_start = load_snapshot()
 
     @contextlib.contextmanager
     def _timed(self, name: str):
@@ -307,6 +426,8 @@ class TrainingProfiler:
                 self._torch_prof.step()
             except Exception as exc:  # noqa: BLE001
                 self._trace_failed(exc)
+        if len(self.records) == self.window.warmup and self._load_start is None:
+            self._load_start = load_snapshot()  # the measured steps begin
         if len(self.records) >= self.window.total:
             self._close()
             return True
@@ -315,6 +436,8 @@ class TrainingProfiler:
 
     def _close(self) -> None:
         self.done = True
+        if self._load_start is not None and self.load is None:
+            self.load = window_load(self._load_start, load_snapshot())
         if self.cuda:
             with contextlib.suppress(Exception):
                 self.peak_vram_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -394,6 +517,8 @@ class TrainingProfiler:
             "lever": profile.get("lever"),
             **headline,
             "window": profile["window"],
+            "confidence": profile.get("confidence"),
+            "load": profile.get("load"),
             "artifacts": artifacts,
         }
         return self._summary

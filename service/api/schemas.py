@@ -63,7 +63,8 @@ class JobPublic(BaseModel):
     cancel_requested: bool
     time_budget_s: float | None
     progress: dict[str, Any] | None = Field(
-        None, description="latest progress: epoch, epochs, step, steps, eta_s, metrics")
+        None, description="latest progress: epoch, epochs, step, steps, eta_s, metrics; a "
+        "profile job: phase 'profiling', step of steps (warmup + measured)")
     result: dict[str, Any] | None = Field(
         None, description="on success: final status, best_epoch, metrics, verdict (profile)")
     error: dict[str, Any] | None = Field(

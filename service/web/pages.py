@@ -218,6 +218,13 @@ def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]
     worker (``live``, :func:`service.workers.live_queues`) serves says so."""
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
+    if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
+        steps, step = p["steps"], p.get("step") or 0
+        text = f"profile window step {step}/{steps}"
+        if p.get("warmup") is not None:
+            text += f" ({p['warmup']} warm-up + {p.get('measured', steps - p['warmup'])} measured)"
+        done = job.status == "succeeded"
+        return (100.0 if done else max(0.0, min(100.0, 100.0 * step / steps))), text
     if job.status == "succeeded":
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
     if job.status == "queued":
@@ -324,6 +331,16 @@ def _lever_text(lever: dict[str, Any] | None) -> str | None:
     return "; ".join([text, *(lever.get("also") or [])])
 
 
+def _confidence_text(conf: dict[str, Any] | None) -> tuple[bool, str] | None:
+    """``(reliable, sentence)`` from a profile's ``confidence`` (None when not recorded)."""
+    if not isinstance(conf, dict) or "reliable" not in conf:
+        return None
+    if conf["reliable"]:
+        return True, "reliable: the measured steps repeated and nothing else loaded the machine"
+    text = "unreliable: " + "; ".join(conf.get("reasons") or [])
+    return False, text + (f". {conf['advice']}" if conf.get("advice") else "")
+
+
 def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                      ) -> dict[str, Any]:
     now = datetime.now(UTC)
@@ -338,7 +355,7 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
         timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
         verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
                    "lever": _lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
-                   "figures": figures,
+                   "figures": figures, "confidence": _confidence_text(profile.get("confidence")),
                    "timeline_url": timeline["url"] if timeline else None}
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]

@@ -261,6 +261,7 @@ def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):
     expect(card).to_contain_text("Lever to pull:")
     expect(card).to_contain_text(lever["why"])
     expect(card).to_contain_text("step time")
+    expect(card).to_contain_text("Confidence:")  # reliable or not, with the reasons
     expect(page.locator("table.artifacts")).to_contain_text("profile.json")
     shot(page, "job-profile")
     with page.context.expect_page() as popup_info:

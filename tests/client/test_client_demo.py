@@ -40,3 +40,14 @@ def test_demo_stops_its_service_on_sigterm_and_sighup(tmp_path, sig):
         p.kill()
     assert alive == [], [p.cmdline() for p in alive]
     assert demo.returncode == 130 and "stopping the service" in out, out
+
+
+def test_demo_profile_window_fits_one_epoch_of_the_synthetic_set():
+    from libreyolo_client.demo import EASY_SET, profile_window
+
+    n = EASY_SET["n_train"]
+    assert profile_window(8, n) == (2, 6)  # the default: 8 steps per epoch, all used
+    for batch in (10, 16, 21, 32):
+        warm, steps = profile_window(batch, n)
+        assert steps >= 2 and warm + steps <= n // batch, batch
+    assert profile_window(16, None) == (2, 6)  # a user's dataset: the engine judges it

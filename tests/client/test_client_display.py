@@ -33,6 +33,24 @@ def test_page_text_and_the_jobs_list():
     assert _summary(info).startswith("starting")
 
 
+PROFILING = {"phase": "profiling", "step": 7, "steps": 25, "warmup": 5, "measured": 20,
+             "eta_s": 9.0}
+
+
+def test_a_profile_job_shows_its_window_not_an_epoch():
+    from libreyolo_client._models import JobInfo
+    from libreyolo_client.cli import _summary
+    from service.web.pages import _progress
+
+    text = "profile window step 7/25 (5 warm-up + 20 measured)"
+    assert progress_text(PROFILING) == text + "  eta 9s"
+    job = SimpleNamespace(status="running", progress=PROFILING, queue="cpu")
+    assert _progress(job) == (28.0, text)
+    info = JobInfo(id="j2", kind="profile", model="yolo9-t", data="d.yaml", status="running",
+                   progress=PROFILING)
+    assert _summary(info) == text + "  eta 9s"
+
+
 def test_profile_lever_in_the_sdk_and_on_the_page():
     from libreyolo_client import Job
     from libreyolo_client._models import JobInfo
@@ -46,3 +64,14 @@ def test_profile_lever_in_the_sdk_and_on_the_page():
     assert _lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
                                   "lighter augmentation")
     assert Job(None, info.model_copy(update={"result": {}})).lever == {}
+
+
+def test_profile_confidence_on_the_page():
+    from service.web.pages import _confidence_text
+
+    assert _confidence_text(None) is None  # a profile from before confidence was recorded
+    assert _confidence_text({"reliable": True, "reasons": []})[0] is True
+    ok, text = _confidence_text({"reliable": False, "reasons": ["other processes took 54%"],
+                                 "advice": "profile again with --repeat 3"})
+    assert not ok and text == ("unreliable: other processes took 54%. profile again with "
+                               "--repeat 3")

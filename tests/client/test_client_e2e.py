@@ -49,7 +49,9 @@ def _work(stack, job_id: str) -> threading.Thread:
     return t
 
 
-def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path, **params) -> None:
+def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path,
+                             window: tuple[int, int] = (2, 6), **params) -> None:
+    """Train, predict, then profile; ``window`` (warm-up, measured) must fit in one epoch."""
     _, token = make_user(stack.sessions)
     with Client(stack.url, token) as c:
         job = c.train(model="yolo9-t", data=data, gpus=0, **params)
@@ -71,8 +73,8 @@ def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path, **p
         assert len(preds) == 1 and preds[0].boxes.shape[1] == 4 and len(preds[0]) > 0
 
         prof = c.profile(model="yolo9-t", data=data, gpus=0, imgsz=params["imgsz"],
-                         batch=params["batch"], workers=0, epochs=4, profile_warmup=2,
-                         profile_steps=6)
+                         batch=params["batch"], workers=0, epochs=4,
+                         profile_warmup=window[0], profile_steps=window[1])
         _work(stack, prof.id).join(1800)
         prof.wait(timeout=60)
         res = prof.result or {}
@@ -85,7 +87,8 @@ def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path, **p
 
 def test_sample_dataset_train_then_profile_through_the_sdk(real_stack, sample_yaml, tmp_path):
     image = next((Path(sample_yaml).parent / "images" / "val").glob("*.jpg"))
-    _train_profile_and_check(real_stack, sample_yaml, image, tmp_path,
+    # 16 images at batch 4: an epoch of 4 steps holds a 1 + 3 window
+    _train_profile_and_check(real_stack, sample_yaml, image, tmp_path, window=(1, 3),
                              epochs=2, imgsz=64, batch=4, workers=0)
 
 

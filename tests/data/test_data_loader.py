@@ -127,6 +127,7 @@ def test_build_dataloader_arguments(report) -> None:
         build_dataloader(ds, 1, -1, False)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_pin_memory_batches(report) -> None:  # pragma: no cover - GPU hosts only
     ds = YOLODataset(report, S, augment=False)

@@ -125,17 +125,18 @@ def gpu_trace_file(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def small_yaml(tmp_path_factory) -> Path:
-    """16 synthetic training images at 128 px (4 batches of 4)."""
+    """24 synthetic training images at 128 px (6 batches of 4: an epoch holds a 2 + 4 window)."""
     from libreyolo_core.data.sample import generate_sample_dataset
 
     return generate_sample_dataset(
-        tmp_path_factory.mktemp("prof_ds"), n_train=16, n_val=4, imgsz=128, seed=0
+        tmp_path_factory.mktemp("prof_ds"), n_train=24, n_val=4, imgsz=128, seed=0
     )
 
 
 @pytest.fixture(scope="session")
 def profiled_run(small_yaml, tmp_path_factory) -> Path:
-    """One real CPU profile run through ``libreyolo profile run`` (warmup 2, steps 4)."""
+    """One real CPU profile run through ``libreyolo profile run`` (warmup 2, steps 4: the
+    whole first epoch)."""
     from libreyolo_core.profiler.cli import main
 
     project = tmp_path_factory.mktemp("prof_runs")

@@ -49,6 +49,12 @@ def test_real_run_writes_the_artifacts(profiled_run):
     }
     prof_events = [e for e in events if e["event"] == "profile"]
     assert len(prof_events) == 1 and prof_events[0]["verdict"] == p["bound"]
+    assert prof_events[0]["confidence"] == p["confidence"]
+    # a profile-only run reports the window (step k of 2 + 4), never "epoch 1/11"
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(e["phase"] == "profiling" and "epoch" not in e for e in progress)
+    assert {(e["steps"], e["warmup"], e["measured"]) for e in progress} == {(6, 2, 4)}
+    assert progress[0]["step"] == 1 and progress[-1]["step"] == 6
     assert not (profiled_run / "weights" / "best.pt").exists()
 
 
@@ -110,34 +116,44 @@ def test_reader_errors(profiled_run, tmp_path, capsys):
     assert main(["kernels", path, "--sort", "bogus"]) == 2
 
 
-def test_exit_3_when_the_dataset_cannot_fill_the_window(small_yaml, tmp_path, capsys):
-    rc = main(
-        [
-            "run",
-            str(small_yaml),
-            "--imgsz",
-            "64",
-            "--batch",
-            "4",
-            "--workers",
-            "0",
-            "--warmup",
-            "2",
-            "--steps",
-            "4",
-            "--epochs",
-            "1",
-            "--device",
-            "cpu",
-            "--project",
-            str(tmp_path),
-        ]
-    )
+@pytest.fixture
+def two_images(tmp_path):
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    return generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+
+
+def test_exit_3_when_the_first_epoch_cannot_hold_the_window(two_images, tmp_path, capsys):
+    """2 images at batch 4 with the default window (5 + 20): one epoch has 1 step. Before,
+    the window was filled across 25 epoch boundaries; now it stays inside one epoch."""
+    rc = main(["run", str(two_images), "--imgsz", "64", "--batch", "4", "--workers", "0",
+               "--device", "cpu", "--project", str(tmp_path)])
     assert rc == 3
     err = capsys.readouterr().err
-    assert "needs 6 steps" in err and "only has 4" in err
-    assert "bigger dataset" in err and "fewer --steps" in err and "smaller --batch" in err
+    assert "needs 25 steps (5 warm-up + 20 measured)" in err
+    assert "one epoch of 2 images at batch 4 has 1" in err
+    # the three ways out, with numbers
+    assert "(1) fewer steps cannot help at batch 4: one epoch has 1 step" in err
+    assert "(2) a smaller batch alone cannot: even --batch 1 gives only 2 steps per epoch; " \
+           "--batch 1 with --warmup 0 --steps 2" in err
+    assert "(3) a bigger dataset: at least 100 training images for 25 steps at batch 4 " \
+           "(this one has 2)" in err
+    assert "Traceback" not in err
     assert not (tmp_path / "prof" / "profile.json").exists()
+
+
+def test_profile_job_spec_exits_3_too(two_images, tmp_path, capsys):
+    """A profile job (``libreyolo train spec=job.json`` with kind profile) gets the same."""
+    from libreyolo_core.cli import run
+
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"kind": "profile", "model": "yolo9-t", "data": str(two_images),
+                                "project": str(tmp_path), "name": "job",
+                                "params": {"imgsz": 64, "batch": 4, "workers": 0,
+                                           "device": "cpu"}}))
+    assert run(["train", f"spec={spec}"]) == 3
+    err = capsys.readouterr().err
+    assert "must fit inside the first epoch" in err and "Ways out: (1)" in err
 
 
 def _profile(ips: list[float], bound: str = "compute") -> dict:
@@ -187,3 +203,65 @@ def test_compare_cli_on_repeat_files(tmp_path, capsys):
     assert main(["compare", str(pa), str(pb)]) == 0
     out = capsys.readouterr().out
     assert "img/s: significant" in out and "ms_per_image" in out
+
+
+def _trial(ips: float, other_frac: float, bound: str = "dataloader") -> dict:
+    """A trial's profile with its recorded load and the confidence assess() gives it."""
+    from libreyolo_core.profiler.confidence import assess
+    from libreyolo_core.profiler.load import WindowLoad
+
+    load = WindowLoad(wall_s=8.0, cpu_count=2, loadavg_1m_start=1.0, loadavg_1m=1.0 + other_frac,
+                      machine_busy_cpu_s=8.0, own_cpu_s=8.0 * (1 - other_frac),
+                      other_cpu_s=16 * other_frac, other_cpu_cores=2 * other_frac,
+                      other_cpu_frac=other_frac, source="test")
+    step = 1000 * 2 / ips
+    conf = assess([step, step * 1.01, step * 0.99], [0.4 * step] * 3, load, bound)
+    return {**_profile([ips], bound), "config": {"batch": 2}, "load": load.to_dict(),
+            "confidence": conf.to_dict()}
+
+
+def test_compare_puts_both_loads_next_to_the_delta_and_flags_the_environment(tmp_path, capsys):
+    """The A/A case measured before filing: the same configuration, 3 trials a side, the
+    'after' side run while other work loaded the machine: 2.69 vs 1.11 img/s, 'significant',
+    and until now nothing said why."""
+    from libreyolo_core.profiler.report import compare_profiles
+
+    quiet = aggregate([_trial(x, 0.02) for x in (2.60, 2.69, 2.78)], ["a1", "a2", "a3"])
+    busy = aggregate([_trial(x, f) for x, f in ((1.05, 0.55), (1.11, 0.6), (1.17, 0.7))],
+                     ["b1", "b2", "b3"])
+    assert busy["load"]["other_cpu_frac_max"] == 0.7 and len(busy["load"]["trials"]) == 3
+    assert busy["confidence"]["reliable"] is False and "loaded" in busy["confidence"]["flags"]
+    c = compare_profiles(quiet, busy)
+    assert c.significance["significant"] is True  # the delta is real; its cause may not be
+    assert c.load["before"]["other_cpu_frac"] == 0.02
+    assert c.load["after"]["other_cpu_frac"] == pytest.approx(0.6167, abs=1e-3)
+    assert c.reliable == {"before": True, "after": False}
+    env = c.environment
+    assert env.may_explain is True and "not the configuration, may explain" in env.note
+    assert "after ran on a loaded machine (other processes 70% of the CPU)" in env.note
+    assert "busier during after (other processes 2% before, 62% after)" in env.note
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(quiet))
+    pb.write_text(json.dumps(busy))
+    assert main(["compare", str(pa), str(pb)]) == 0
+    out = capsys.readouterr().out
+    assert "load before: other processes 2% of the CPU (0.0 of 2 cores)" in out
+    assert "load after:  other processes 62% of the CPU" in out and "at most 70%" in out
+    assert "img/s: significant" in out and "!! environment: the environment" in out
+    assert main(["compare", str(pa), str(pb), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["environment"]["may_explain"] is True and data["environment"]["reasons"]
+    assert data["load"]["after"]["other_cpu_frac_max"] == 0.7
+    assert data["img_per_s"]["delta"] == pytest.approx(1.11 - 2.69, abs=1e-3)
+
+
+def test_compare_quiet_sides_and_missing_load():
+    from libreyolo_core.profiler.report import compare_profiles
+
+    a = aggregate([_trial(x, 0.03) for x in (2.6, 2.7, 2.8)], ["a"] * 3)
+    b = aggregate([_trial(x, 0.05) for x in (3.6, 3.7, 3.8)], ["b"] * 3)
+    env = compare_profiles(a, b).environment
+    assert env.may_explain is False and "both sides ran on a quiet machine" in env.note
+    old = _profile([10.0, 10.2, 9.8])  # written before loads were recorded
+    env = compare_profiles(old, b).environment
+    assert env.may_explain is None and "not recorded for before" in env.note

@@ -70,6 +70,7 @@ def test_timeline_opens_without_errors_or_network(profiled_run, tmp_path):
             assert lane_h >= 0.6 * wrap_h, (lane_h, wrap_h)
             covered = page.evaluate(
                 """() => [...document.querySelectorAll('.bar em')].filter(em => {
+                     em.scrollIntoView({block: 'center'});
                      const r = em.getBoundingClientRect();
                      return document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)
                             !== em; }).length""")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from libreyolo_core.profiler import ProfileWindowError, TrainingProfiler
-from libreyolo_core.profiler.window import plan_window
+from libreyolo_core.profiler.window import plan_window, ways_out
 
 
 def cfg(**kw):
@@ -68,17 +68,45 @@ def test_plan_window_clamps_and_rounds():
     assert (w.warmup, w.steps) == (4, 4)
 
 
-def test_window_too_big_for_the_run():
+def test_window_too_big_for_one_epoch():
     with pytest.raises(ProfileWindowError) as info:
-        TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4, steps_available=4)
+        TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4, steps_available=4,
+                         images=16)
     msg = str(info.value)
-    assert "needs 6 steps" in msg and "only has 4" in msg
-    assert "bigger dataset" in msg and "fewer --steps" in msg and "smaller --batch" in msg
+    assert "needs 6 steps (2 warm-up + 4 measured)" in msg
+    assert "one epoch of 16 images at batch 4 has 4" in msg
+    assert info.value.ways == [
+        "fewer steps: --warmup 0 --steps 4 (profile_warmup=0, profile_steps=4) fits the 4 "
+        "steps of one epoch",
+        "a smaller batch: --batch 2 gives 8 steps per epoch, enough for the 6-step window",
+        "a bigger dataset: at least 24 training images for 6 steps at batch 4 (this one has 16)",
+    ]
     # accumulation rounding counts too: warmup 2 -> 4, steps 4 -> 4 with accumulate 4
     with pytest.raises(ProfileWindowError):
         TrainingProfiler(
             cfg(profile_warmup=2, profile_steps=4), batch=4, accumulate=4, steps_available=7
         )
+
+
+def test_ways_out_keep_the_measured_steps_first():
+    w = plan_window(5, 20)
+    # 16 images at batch 4 (4 steps): fewer steps fit; no smaller batch reaches 25 steps
+    ways = ways_out(needed=25, available=4, batch=4, images=16, window=w)
+    assert ways[0].startswith("fewer steps: --warmup 0 --steps 4 ")
+    assert ways[1] == ("a smaller batch alone cannot: even --batch 1 gives only 16 steps per "
+                       "epoch; --batch 1 with --warmup 3 --steps 13 (profile_warmup=3, "
+                       "profile_steps=13) fits")
+    # 22 steps: the 20 measured steps stay, the warm-up shrinks to 2
+    assert ways_out(needed=25, available=22, batch=4, images=88, window=w)[0].startswith(
+        "fewer steps: --warmup 2 --steps 20 ")
+    # with nbs, a smaller batch accumulates more and the window grows with it
+    w = plan_window(1, 2)
+    plain = ways_out(needed=3, available=2, batch=32, images=64, window=w)
+    assert plain[1].startswith("a smaller batch: --batch 21 gives 3 steps per epoch, enough "
+                               "for the 3-step window")
+    nbs = ways_out(needed=3, available=2, batch=32, images=64, window=w, nbs=32)
+    assert nbs[1].startswith("a smaller batch: --batch 16 gives 4 steps per epoch, enough "
+                             "for the 4-step window")
 
 
 def test_sleeping_loader_gives_dataloader(tmp_path):
@@ -138,13 +166,73 @@ def test_trace_failure_never_breaks_training(tmp_path, monkeypatch):
     assert any("no trace" in n for n in p["notes"])
 
 
-def test_window_spans_loader_restarts(tmp_path):
-    prof = TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=2, steps_available=6)
-    summary = None
-    for _epoch in range(3):
-        s, _ = drive(prof, SleepyLoader(2, 0.0), 0.001, tmp_path)
-        summary = summary or s
-    assert summary is not None and len(prof.records) == 6
+class SleepHook:
+    """A loader whose batches on ``slow`` steps take ``delay`` seconds more: a noisy window,
+    made deterministic (no machine load needed)."""
+
+    def __init__(self, n: int, slow: set[int], delay: float):
+        self.n, self.slow, self.delay = n, slow, delay
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i in self.slow:
+                time.sleep(self.delay)
+            yield torch.zeros(2, 3)
+
+    def __len__(self):
+        return self.n
+
+
+def test_report_carries_spread_and_load_and_flags_a_noisy_window(tmp_path, capsys):
+    # warmup 1, 8 measured (4 unsynced: steps 1-4); unsynced steps 2 and 4 wait 60 ms more
+    prof = TrainingProfiler(cfg(profile_warmup=1, profile_steps=8), batch=2, steps_available=9)
+    summary, _ = drive(prof, SleepHook(9, {2, 4}, 0.06), 0.01, tmp_path)
+    p = json.loads((tmp_path / "profile.json").read_text())
+    c = p["confidence"]
+    assert c["steps"] == 4 and summary["confidence"] == c
+    assert c["step_ms_cv"] > 0.2 and c["dataload_ms_cv"] > 0.2
+    assert c["reliable"] is False and "noisy_steps" in c["flags"]
+    assert any("step time varies" in r for r in c["reasons"]) and "--repeat" in c["advice"]
+    load = p["load"]
+    assert load["cpu_count"] >= 1 and load["wall_s"] > 0 and load["source"]
+    for key in ("other_cpu_frac", "other_cpu_cores", "own_cpu_s", "loadavg_1m"):
+        assert key in load
+    assert load["own_cpu_s"] is not None and load["loadavg_1m"] is not None  # Linux
+    assert {"reliable", "step_ms_cv", "dataload_ms_cv", "other_cpu_frac", "loadavg_1m"} <= set(
+        p["metrics"])
+    summary_json = json.loads((tmp_path / "profile_summary.json").read_text())
+    assert summary_json["confidence"] == c and summary_json["load"] == load
+    out = capsys.readouterr().out
+    assert "spread: step time CV" in out and "!! verdict UNRELIABLE" in out
+    assert "--repeat 3" in out
+
+
+def test_steady_window_has_a_low_spread(tmp_path):
+    prof = TrainingProfiler(cfg(profile_warmup=1, profile_steps=8), batch=2, steps_available=9)
+    drive(prof, SleepHook(9, set(), 0.0), 0.03, tmp_path)
+    c = json.loads((tmp_path / "profile.json").read_text())["confidence"]
+    assert c["step_ms_cv"] is not None and "noisy_steps" not in c["flags"]
+    assert "few_steps" not in c["flags"]
+
+
+def test_assess_rules():
+    from libreyolo_core.profiler.confidence import assess
+    from libreyolo_core.profiler.load import WindowLoad
+
+    def load(frac):
+        return WindowLoad(wall_s=2.0, cpu_count=4, loadavg_1m_start=1.0, loadavg_1m=3.0,
+                          machine_busy_cpu_s=6.0, own_cpu_s=2.0, other_cpu_s=8 * frac,
+                          other_cpu_cores=4 * frac, other_cpu_frac=frac, source="test")
+
+    steady = [100.0, 101.0, 99.0, 100.0]
+    c = assess(steady, [5.0, 5.0, 6.0, 4.0], load(0.05), "compute")
+    assert c.reliable and not c.reasons and c.advice is None
+    c = assess(steady, [5.0, 5.0, 6.0, 4.0], load(0.5), "compute")  # another process: 2 cores
+    assert not c.reliable and c.flags == ("loaded",) and "50% of the machine's CPU" in c.reasons[0]
+    c = assess(steady, [10.0, 30.0, 15.0, 25.0], None, "dataloader")  # 20% ± 4.6%: close call
+    assert c.flags == ("close_call",) and c.other_cpu_frac is None
+    c = assess(steady[:2], [5.0, 5.0], None, "compute")
+    assert c.flags == ("few_steps",) and "more --steps" in c.advice
 
 
 def test_step_end_is_true_once_and_finish_is_idempotent(tmp_path):

@@ -111,6 +111,14 @@
   }
 
   function showProgress(d, epochDone) {
+    if (d.phase === 'profiling' && Number(d.steps)) {  // a profile job: step k of its window
+      const total = Number(d.steps);
+      const k = Number(d.step) || 0;
+      progressEl.value = Math.max(0, Math.min(100, Math.round(100 * k / total)));
+      progressText.textContent = 'profile window step ' + k + '/' + total +
+        (d.warmup != null ? ' (' + d.warmup + ' warm-up + ' + d.measured + ' measured)' : '');
+      return;
+    }
     const epochs = Number(d.epochs) || 0;
     const epoch = Number(d.epoch) || 0;
     if (!epochs || !epoch) return;
