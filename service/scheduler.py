@@ -23,9 +23,9 @@ The claim is one conditional ``UPDATE`` per candidate through :func:`service.ops
 (``status = 'queued'``, the attempt read, and the owner's running count below the cap, as a
 subquery of the same statement) with a check of what it returned: on SQLite the statement
 runs under the database's single write lock, so the count and the update are one step; on
-PostgreSQL the owner's ``users`` row is locked first (``SELECT ... FOR UPDATE``), so two
-workers claiming for one owner run one after the other and the second counts the first's
-job. Losing a race (another worker took the job) moves on to the next candidate.
+PostgreSQL the owner's ``users`` row is locked first (``SELECT ... FOR NO KEY UPDATE``), so
+two workers claiming for one owner run one after the other and the second counts the
+first's job. Losing a race (another worker took the job) moves on to the next candidate.
 
 The order is computed in Python from one read of the queue (a queue holds hundreds of jobs,
 not millions), so the claim, the queue position and the estimated start share one
@@ -200,7 +200,10 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
     """One atomic attempt: ``queued -> running`` if still queued at the attempt read and
     the owner is under ``cap``. Locks the owner's row first on PostgreSQL (SQLite ignores
     ``FOR UPDATE``; its write lock does the same)."""
-    session.execute(select(User.id).where(User.id == job.owner_id).with_for_update())
+    # FOR NO KEY UPDATE: claims for one owner queue up, while a submit (whose foreign key
+    # takes FOR KEY SHARE on the same row) never waits for one
+    session.execute(select(User.id).where(User.id == job.owner_id)
+                    .with_for_update(key_share=True))
     where = [Job.queue == queue, Job.attempt == job.attempt]
     if cap > 0:
         where.append(_running_of(job.owner_id) < cap)

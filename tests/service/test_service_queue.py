@@ -123,3 +123,36 @@ def test_users_cap_command_sets_shows_and_resets(queue_api, monkeypatch):
     assert r.exit_code == 2 and "no user named 'nobody-at-all'" in r.output
     r = run.invoke(app, ["users", "cap", name, "-1"], env=env)
     assert r.exit_code == 2 and cap_in_db() is None
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_migration_0004_down_and_up_keeps_the_rows(kind, tmp_path):
+    """0004 adds users.max_running and jobs.sent_at to a database with rows in it, and
+    goes back down to 0003 without losing them."""
+    from alembic import command
+    from sqlalchemy import inspect, text
+
+    from service.db.migrate import alembic_config, upgrade
+    from service.db.session import make_engine
+
+    with fresh_database(kind, tmp_path) as url:
+        command.downgrade(alembic_config(url), "0003")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO users (id, name, is_admin, created_at) "
+                                  "VALUES ('u1', 'old', false, '2026-01-01 00:00:00')"))
+            upgrade(url)
+            cols = {c["name"] for c in inspect(engine).get_columns("users")}
+            assert "max_running" in cols
+            assert "sent_at" in {c["name"] for c in inspect(engine).get_columns("jobs")}
+            with engine.begin() as conn:
+                assert conn.execute(text("SELECT max_running FROM users WHERE id = 'u1'")
+                                    ).scalar_one() is None
+            command.downgrade(alembic_config(url), "0003")
+            assert "max_running" not in {c["name"] for c in inspect(engine).get_columns("users")}
+            with engine.begin() as conn:
+                assert conn.execute(text("SELECT name FROM users")).scalar_one() == "old"
+            upgrade(url)
+        finally:
+            engine.dispose()

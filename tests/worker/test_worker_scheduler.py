@@ -13,9 +13,10 @@ import time
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 from testkit import make_user, wait_for
 
-from service.db.models import ACTIVE, Job, User, WorkerRow, utcnow
+from service.db.models import ACTIVE, TERMINAL, Job, User, WorkerRow, utcnow
 from service.ops import append_events, set_user_cap, transition
 from service.reaper import reap_once
 from service.scheduler import (
@@ -29,8 +30,21 @@ from service.scheduler import (
 from worker.runner import run_job, run_next
 
 
-def new_queue() -> str:
-    return f"t-{secrets.token_hex(4)}"
+@pytest.fixture
+def new_queue(sessions):
+    """``new_queue()``: a queue name of this test's own; at the end every job left in it
+    is cancelled, so no running job's lease expires under a later test's reaper."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(f"t-{secrets.token_hex(4)}")
+        return made[-1]
+
+    yield make
+    with sessions() as s:
+        s.execute(update(Job).where(Job.queue.in_(made), Job.status.not_in(TERMINAL))
+                  .values(status="cancelled", lease_owner=None, lease_expires_at=None))
+        s.commit()
 
 
 def new_user(sessions, cap: int | None = None) -> tuple[str, str]:
@@ -81,7 +95,7 @@ def running_of(sessions, owner: str) -> int:
         return s.query(Job).filter(Job.owner_id == owner, Job.status.in_(ACTIVE)).count()
 
 
-def test_fair_share_the_other_users_job_starts_next(settings, sessions):
+def test_fair_share_the_other_users_job_starts_next(settings, sessions, new_queue):
     """User A queues 10 jobs, then user B queues 1, on one worker: B's job starts right
     after the one that is running, then A's others in their order."""
     q = new_queue()
@@ -106,7 +120,7 @@ def test_fair_share_the_other_users_job_starts_next(settings, sessions):
     assert all(row(sessions, j).attempt == 1 for j in order)
 
 
-def test_fewest_running_jobs_first_across_queues(settings, sessions):
+def test_fewest_running_jobs_first_across_queues(settings, sessions, new_queue):
     """The owner's running jobs count over every queue: A runs a job in another queue, so
     B's younger job goes before A's older one."""
     q, other = new_queue(), new_queue()
@@ -120,7 +134,7 @@ def test_fewest_running_jobs_first_across_queues(settings, sessions):
     assert take(sessions, q, settings) == a_job
 
 
-def test_priority_first_then_oldest(settings, sessions):
+def test_priority_first_then_oldest(settings, sessions, new_queue):
     q = new_queue()
     a, _ = new_user(sessions)
     low = add_job(sessions, a, q, priority=1)
@@ -129,7 +143,7 @@ def test_priority_first_then_oldest(settings, sessions):
     assert take(sessions, q, settings) == low
 
 
-def test_cap_holds_while_another_users_job_waits(make_settings, db_url, sessions):
+def test_cap_holds_while_another_users_job_waits(make_settings, db_url, sessions, new_queue):
     """A user at their cap gets no second running job; another user's job is taken
     instead; raising the cap (the admin's command) lets the held job start."""
     settings = make_settings(db_url, max_running_per_user=1)
@@ -183,7 +197,8 @@ def _at_once(db_url: str, calls) -> list:
     return results
 
 
-def test_concurrent_claims_keep_the_cap_and_never_double_claim(make_settings, db_url, sessions):
+def test_concurrent_claims_keep_the_cap_and_never_double_claim(make_settings, db_url, sessions,
+                                                               new_queue):
     """Six workers claim six different jobs of A (cap 2) at the same instant: two win.
     Then four workers claim the best job at once: B's two jobs are taken, each once, and
     A's held jobs stay queued."""
@@ -224,7 +239,8 @@ def test_effective_priority_rises_with_age_up_to_nine():
     assert effective_priority(9, t0, t0 + timedelta(days=3), 15) == 9
 
 
-def test_aging_old_low_priority_job_outranks_new_high_priority(make_settings, db_url, sessions):
+def test_aging_old_low_priority_job_outranks_new_high_priority(make_settings, db_url, sessions,
+                                                               new_queue):
     """With +1 priority per 0.3 s of waiting, a priority-0 job queued 2 s before a
     priority-5 job goes first; at the default rate (+1 per 15 min) the new one would."""
     fast = make_settings(db_url, aging_minutes=0.005)
@@ -247,7 +263,7 @@ def test_aging_old_low_priority_job_outranks_new_high_priority(make_settings, db
 
 
 def test_message_for_a_claimed_job_and_wake_up_when_the_cap_frees(make_settings, db_url,
-                                                                  sessions):
+                                                                  sessions, new_queue):
     """Real runs (fake engine). A (cap 1) has two jobs: the first runs; the second's
     message wakes another worker, which finds nothing it may start and goes back to
     waiting, as does a duplicate of the first's message. When the first ends, its worker
@@ -274,7 +290,7 @@ def test_message_for_a_claimed_job_and_wake_up_when_the_cap_frees(make_settings,
     assert row(sessions, a2).attempt == 1
 
 
-def test_reaper_wakes_held_jobs_and_resends_without_resetting_age(settings, sessions):
+def test_reaper_wakes_held_jobs_and_resends_without_resetting_age(settings, sessions, new_queue):
     q = new_queue()
     a, _ = new_user(sessions, cap=1)
     dead = add_job(sessions, a, q)
@@ -295,7 +311,7 @@ def test_reaper_wakes_held_jobs_and_resends_without_resetting_age(settings, sess
     assert reap_once(sessions, settings, lambda *m: sent.append(m))["resent"] == 0
 
 
-def test_outlook_positions_and_estimated_starts(settings, sessions):
+def test_outlook_positions_and_estimated_starts(settings, sessions, new_queue):
     """Queue position and estimated start: one live worker busy for 30 s more (the running
     job's eta_s), jobs of this queue lasting 100 s (a finished one), A before B before A."""
     q = new_queue()
@@ -331,7 +347,7 @@ def test_outlook_positions_and_estimated_starts(settings, sessions):
         assert [w.id for w, _ in order] == [a1, b1, a2]
 
 
-def test_outlook_without_history_or_eta_is_unknown(settings, sessions):
+def test_outlook_without_history_or_eta_is_unknown(settings, sessions, new_queue):
     q = new_queue()
     a, _ = new_user(sessions)
     running = add_job(sessions, a, q)
