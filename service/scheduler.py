@@ -35,6 +35,7 @@ definition (:func:`rank_key`).
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -52,12 +53,16 @@ __all__ = ["MAX_PRIORITY", "Waiting", "QueueSnapshot", "Outlook", "effective_pri
            "rank_key", "read_queue", "claim_order", "predicted_order", "claim",
            "wake_targets", "outlook"]
 
+log = logging.getLogger(__name__)
+
 #: the highest priority a job can be submitted with, and the ceiling of aging.
 MAX_PRIORITY = 9
 #: recent succeeded jobs of a queue whose durations give the typical job length.
 ETA_HISTORY = 20
-#: claim rounds (a fresh read of the queue each) before a woken worker gives up.
-CLAIM_ROUNDS = 3
+#: claim rounds (a fresh read of the queue each) at most. Each lost try means another
+#: worker claimed a job or an owner reached their cap, so in practice the rounds end when
+#: a claim wins or nothing eligible is left; the bound only guards against a livelock.
+CLAIM_ROUNDS = 50
 
 
 @dataclass(frozen=True)
@@ -225,15 +230,17 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
 
     Candidates are tried in :func:`claim_order`; a candidate taken by another worker in the
     meantime (or whose owner reached the cap meanwhile) is skipped, with at most one try
-    per owner per read and :data:`CLAIM_ROUNDS` reads.
+    per owner per read, and the queue is read again until a claim wins or no candidate is
+    left (at most :data:`CLAIM_ROUNDS` reads), so a woken worker does not give up while a
+    job it may start waits.
 
     Args:
         now: the clock of the aging (tests pass one); default the current time.
 
     Returns:
-        The claimed job's id; None when no job of the queue may start (none queued, all
-        owners at their cap, or every candidate taken by others). This function commits a
-        claim and rolls back everything else.
+        The claimed job's id; None when no job of the queue may start (none queued, or
+        all their owners at their cap). This function commits a claim and rolls back
+        everything else.
     """
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
@@ -251,6 +258,8 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
                 session.commit()
                 return job.id
             session.rollback()
+    log.warning("claim in queue %s: %d rounds lost to other workers; giving up (the next "
+                "wake-up or the reaper's re-send tries again)", queue, CLAIM_ROUNDS)
     return None
 
 
