@@ -26,7 +26,9 @@ class JobInfo(_Model):
     ``verdict`` and ``bound_why``; ``error`` (on failure) ``reason``, ``exit_code`` and
     ``log_tail``. Times are UTC; ``duration_s`` is in seconds. ``waiting`` says why a
     queued job cannot start (``"waiting for a gpu-1 worker (none online)"``);
-    ``warnings`` (submit only) what may keep it from running.
+    ``warnings`` (submit only) what may keep it from running. A queued job has its
+    ``queue_position`` (1: next to start), ``effective_priority`` (priority plus aging)
+    and ``estimated_start`` (None when the service cannot tell).
     """
 
     id: str
@@ -54,6 +56,9 @@ class JobInfo(_Model):
     started_from: str | None = None
     waiting: str | None = None
     warnings: list[str] = []
+    queue_position: int | None = None
+    effective_priority: int | None = None
+    estimated_start: datetime | None = None
 
     @property
     def done(self) -> bool:

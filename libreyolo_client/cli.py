@@ -125,7 +125,20 @@ def _summary(info: JobInfo) -> str:
         return str((info.error or {}).get("reason", ""))
     if info.status == "queued" and info.waiting:
         return info.waiting
+    if info.status == "queued":
+        return queue_text(info)
     return ""
+
+
+def queue_text(info: JobInfo) -> str:
+    """``"#2 in queue cpu, starts ~14:05 UTC"`` for a queued job (empty when the service
+    gave no position)."""
+    if info.queue_position is None:
+        return ""
+    text = f"#{info.queue_position} in queue {info.queue}"
+    if info.estimated_start is not None:
+        text += f", starts ~{info.estimated_start.strftime('%H:%M UTC')}"
+    return text
 
 
 def follow(job: Job, *, logs: bool = False) -> JobInfo:
@@ -256,6 +269,9 @@ def show(
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
                    + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
                    + (f": {i.waiting}" if i.waiting else ""))
+        if i.status == "queued" and queue_text(i):
+            typer.echo(f"queue:    {queue_text(i)} (priority {i.priority}, effective "
+                       f"{i.effective_priority})")
         if i.progress and not i.done:
             p = i.progress
             typer.echo(f"progress: {progress_text(p)}  {format_metrics(p.get('metrics'))}".rstrip())

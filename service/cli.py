@@ -1,4 +1,4 @@
-"""``libreyolo-service``: up | serve | worker | db upgrade | token create | jobs | datasets.
+"""``libreyolo-service``: up | serve | worker | db upgrade | token create | users | jobs | datasets.
 
 ``up`` is the embedded default: migrations, an admin token saved for the SDK, the API and
 one worker as child processes; Ctrl-C or SIGTERM stops both and leaves no child behind.
@@ -21,6 +21,7 @@ from libreyolo_client.datasets_cli import datasets_app
 from libreyolo_client.models_cli import models_app
 from service.credentials import save_credentials, saved_token
 from service.settings import Settings
+from service.users_cli import users_app
 
 __all__ = ["main", "app"]
 
@@ -34,6 +35,7 @@ db_app = typer.Typer(help="database commands", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(users_app, name="users")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(models_app, name="models")

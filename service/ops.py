@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from service.db.models import Job, JobEvent, Token, User
 
 __all__ = [
-    "hash_token", "create_user_token", "user_for_token", "append_events", "transition",
-    "EventIn",
+    "hash_token", "create_user_token", "user_for_token", "set_user_cap", "append_events",
+    "transition", "EventIn",
 ]
 
 #: (kind, time unix seconds, payload) of one event to append.
@@ -59,6 +59,24 @@ def user_for_token(session: Session, token: str) -> User | None:
         .where(Token.token_sha256 == hash_token(token), Token.revoked.is_(False))
     ).scalar_one_or_none()
     return row
+
+
+def set_user_cap(session: Session, name: str, max_running: int | None) -> User:
+    """Set how many running jobs user ``name`` may have at once (``users.max_running``):
+    ``None`` goes back to the setting ``max_running_per_user``, 0 means no cap.
+
+    Raises:
+        LookupError: no user ``name``.
+        ValueError: ``max_running`` is negative.
+    """
+    if max_running is not None and max_running < 0:
+        raise ValueError(f"max_running: {max_running} is negative (0 means no cap)")
+    user = session.scalar(select(User).where(User.name == name))
+    if user is None:
+        raise LookupError(f"no user named {name!r}")
+    user.max_running = max_running
+    session.flush()
+    return user
 
 
 def append_events(session: Session, job_id: str, events: Sequence[EventIn],

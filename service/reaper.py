@@ -13,11 +13,12 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db.models import Job, utcnow
 from service.ops import transition
+from service.scheduler import wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore
 
@@ -37,23 +38,29 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
        next run resumes from ``run/weights/last.pt`` when there is one; its event says
        which) while ``attempt < max_attempts``,
        else ``failed`` with the reason.
-    2. ``queued`` jobs sent more than ``resend_after_s`` ago are sent again (a broker
-       restarted empty loses messages; a duplicate is harmless: the claim is atomic).
+    2. When a job of step 1 failed or was cancelled, its owner's running count went down:
+       a wake-up is sent for each queue holding the owner's queued jobs (their cap may have
+       held them back; :func:`service.scheduler.wake_targets`). A re-queued job's own
+       message is that wake-up.
+    3. ``queued`` jobs whose message was sent (``sent_at``, else ``enqueued_at``) more than
+       ``resend_after_s`` ago are sent again (a broker restarted empty loses messages; a
+       duplicate is harmless: a message only wakes a worker, and the claim is atomic).
 
     Returns:
-        Counts ``{"requeued", "failed", "cancelled", "resent"}``.
+        Counts ``{"requeued", "failed", "cancelled", "resent", "woken"}``.
     """
-    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0, "woken": 0}
     store = ArtifactStore(settings.artifact_root)
     now = utcnow()
     to_send: list[tuple[str, str, int]] = []
+    freed: set[str] = set()  # owners with one running job less
     with sessions() as session:
         expired = session.execute(
             select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
-                   Job.lease_expires_at)
+                   Job.lease_expires_at, Job.owner_id)
             .where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
         ).all()
-        for job_id, status, attempt, max_attempts, queue, priority, lease_at in expired:
+        for job_id, status, attempt, max_attempts, queue, priority, lease_at, owner in expired:
             same_lease = [Job.lease_expires_at == lease_at]  # untouched since we read it
             lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see runner
             if status == "cancelling":
@@ -61,11 +68,12 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
                               finished_at=now, event={"reason": "worker lost while cancelling"},
                               **lost):
                     counts["cancelled"] += 1
+                    freed.add(owner)
             elif attempt < max_attempts:
                 reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
                          f"of {max_attempts}, {store.resume_note(job_id)}"
                 if transition(session, job_id, ["running"], "queued", extra_where=same_lease,
-                              enqueued_at=now, event={"reason": reason}, **lost):
+                              enqueued_at=now, sent_at=now, event={"reason": reason}, **lost):
                     counts["requeued"] += 1
                     to_send.append((job_id, queue, priority))
             else:
@@ -74,17 +82,23 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
                               finished_at=now, error={"reason": reason, "exit_code": None},
                               event={"reason": reason}, **lost):
                     counts["failed"] += 1
+                    freed.add(owner)
         stale = session.execute(
             select(Job.id, Job.queue, Job.priority).where(
                 Job.status == "queued",
-                Job.enqueued_at < now - timedelta(seconds=settings.resend_after_s))
+                func.coalesce(Job.sent_at, Job.enqueued_at)
+                < now - timedelta(seconds=settings.resend_after_s))
         ).all()
         for job_id, queue, priority in stale:
             session.execute(update(Job).where(Job.id == job_id, Job.status == "queued")
-                            .values(enqueued_at=now))
+                            .values(sent_at=now))
             to_send.append((job_id, queue, priority))
             counts["resent"] += 1
         session.commit()
+        for owner in sorted(freed):
+            woken = wake_targets(session, owner)
+            to_send.extend(woken)
+            counts["woken"] += len(woken)
     for job_id, queue, priority in to_send:  # after commit: the row is queued when it arrives
         try:
             send(job_id, queue, priority)

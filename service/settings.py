@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     refuse_unserved: bool = Field(
         False, description="submit answers 409 (instead of a warning) when no live worker "
         "serves the job's queue")
+    max_running_per_user: int = Field(
+        4, ge=0, description="running jobs one user may have at once (all queues together); "
+        "0: no cap. An admin sets a user's own cap with `libreyolo-service users cap`")
+    aging_minutes: float = Field(
+        15.0, gt=0, description="a queued job's effective priority rises by 1 for every "
+        "aging_minutes it has waited, up to 9 (the highest priority a job can be given), so "
+        "no job waits for ever behind newer higher-priority ones")
     reaper_interval_s: float = Field(15.0, gt=0, description="reaper timer in the API process")
     reaper_enabled: bool = Field(True, description="run the reaper in the API process")
     resend_after_s: float = Field(

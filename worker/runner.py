@@ -1,8 +1,11 @@
 """Run one job: claim, prepare, launch, watch (tail, heartbeat, cancel), finish.
 
-The database is the source of truth. :func:`run_job` claims the row atomically
-(``queued -> running``, ``attempt += 1``, a lease); a duplicate message finds it claimed
-and returns. The engine runs as a subprocess in its own session (process group); this
+The database is the source of truth. A ``run_job`` message only wakes the worker:
+:func:`run_next` claims the job the scheduler picks in the message's queue
+(:mod:`service.scheduler`: ``queued -> running``, ``attempt += 1``, a lease, atomically);
+a message that finds no job it may start is used up and nothing happens. When a job ends,
+the worker sends wake-ups for its owner's queued jobs, which the owner's cap may have held
+back. :func:`run_job` runs one given job (a direct run). The engine runs as a subprocess in its own session (process group); this
 process never imports torch.
 
 Stopping (cancel, worker shutdown, the wall-clock budget, a lost lease) is one sequence,
@@ -32,16 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.models import ACTIVE, Artifact, Job, utcnow
+from service.db.models import ACTIVE, TERMINAL, Artifact, Job, utcnow
 from service.ops import EventIn, append_events, transition
+from service.scheduler import claim, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
 from worker.launch import CommandBuilder, build_command, build_env, job_spec, world_size
 
-__all__ = ["run_job", "kill_leftovers", "EXIT_REASONS"]
+__all__ = ["run_job", "run_next", "kill_leftovers", "EXIT_REASONS"]
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +303,8 @@ class _Run:
             ok = transition(s, self.job_id, ["running"], "queued",
                             extra_where=[Job.lease_owner == self.worker_id],
                             event={"reason": reason}, lease_owner=None, lease_expires_at=None,
-                            enqueued_at=utcnow(), progress=self.progress or None,
+                            enqueued_at=utcnow(), sent_at=utcnow(),
+                            progress=self.progress or None,
                             attempt=Job.attempt - 1)
             s.commit()
         return ok
@@ -323,33 +328,27 @@ class _Run:
         return result
 
 
-def _claim(sessions: sessionmaker[Session], job_id: str, worker_id: str,
-           lease_s: float) -> Job | None:
-    """Atomically take a queued job: ``running``, ``attempt += 1``, lease. None if taken."""
+def _claim(sessions: sessionmaker[Session], settings: Settings, worker_id: str, *,
+           queue: str | None = None, job_id: str | None = None) -> Job | None:
+    """Claim the best eligible job of ``queue``, or only ``job_id`` (see
+    :func:`service.scheduler.claim`); the claimed row, or None."""
     with sessions() as s:
-        job = s.get(Job, job_id)
-        if job is None or job.status != "queued":
+        if queue is None:
+            queue = s.scalar(select(Job.queue).where(Job.id == job_id))
+            if queue is None:
+                return None
+        claimed = claim(s, queue, worker_id, settings, job_id=job_id)
+        if claimed is None:
             return None
-        now = utcnow()
-        ok = transition(
-            s, job_id, ["queued"], "running", extra_where=[Job.attempt == job.attempt],
-            event={"attempt": job.attempt + 1, "worker": worker_id},
-            attempt=Job.attempt + 1, lease_owner=worker_id,
-            lease_expires_at=now + timedelta(seconds=lease_s),
-            started_at=func.coalesce(Job.started_at, now), cancel_requested=False,
-        )
-        s.commit()
-        if not ok:
-            return None
-        s.expire_all()
-        return s.get(Job, job_id)
+        return s.get(Job, claimed)
 
 
 def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
             gpu_ids: Sequence[str] | None = None, worker_id: str | None = None,
             command: CommandBuilder = build_command, stop: threading.Event | None = None,
             on_requeue: Any = None) -> str:
-    """Run job ``job_id`` to the end (the body of the ``run_job`` task).
+    """Run job ``job_id`` itself to the end, if it is queued and its owner is under their
+    cap (a direct run; the ``run_job`` task goes through :func:`run_next`).
 
     Args:
         settings: lease, heartbeat, poll, grace and artifact settings.
@@ -359,12 +358,39 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
         command: builds the engine argv (injectable for tests).
         stop: set when the worker shuts down: the engine is stopped (SIGTERM) and the job
             re-queued to resume elsewhere.
-        on_requeue: ``f(job_id, queue, priority)`` sending the message after a re-queue.
+        on_requeue: ``f(job_id, queue, priority)`` sending a ``run_job`` message: after a
+            re-queue, and after the job ends for the owner's queued jobs that their cap
+            held back (:func:`service.scheduler.wake_targets`).
 
     Returns:
-        The final status, ``"skipped"`` (not queued: duplicate message, cancelled) or
-        ``"lost"`` (the lease was taken away, e.g. by the reaper).
+        The final status, ``"skipped"`` (not queued: duplicate message, cancelled; or its
+        owner at their cap) or ``"lost"`` (the lease was taken away, e.g. by the reaper).
     """
+    return _run(job_id, pick=False, settings=settings, sessions=sessions, gpu_ids=gpu_ids,
+                worker_id=worker_id, command=command, stop=stop, on_requeue=on_requeue)
+
+
+def run_next(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
+             gpu_ids: Sequence[str] | None = None, worker_id: str | None = None,
+             command: CommandBuilder = build_command, stop: threading.Event | None = None,
+             on_requeue: Any = None) -> str:
+    """The body of the ``run_job`` task: a message for ``job_id`` wakes this worker, and the
+    database chooses which job of that job's queue it runs (:func:`service.scheduler.claim`:
+    effective priority, then the owner with the fewest running jobs, then the oldest; owners
+    at their cap wait). Arguments as :func:`run_job`.
+
+    Returns:
+        The final status of the job it ran, ``"skipped"`` when no job of the queue may start
+        now (the message is used up; a job held back by its owner's cap gets a new message
+        when one of the owner's jobs ends), or ``"lost"``.
+    """
+    return _run(job_id, pick=True, settings=settings, sessions=sessions, gpu_ids=gpu_ids,
+                worker_id=worker_id, command=command, stop=stop, on_requeue=on_requeue)
+
+
+def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[Session],
+         gpu_ids: Sequence[str] | None, worker_id: str | None, command: CommandBuilder,
+         stop: threading.Event | None, on_requeue: Any) -> str:
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
     if stop is not None and stop.is_set():
         # A message this worker took while shutting down (it can be the very job it just
@@ -375,11 +401,44 @@ def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
             on_requeue(job_id, queued.queue, queued.priority)
         log.info("job %s: worker shutting down; message handed back", job_id)
         return "skipped"
+    if pick:
+        queue = getattr(read_job(sessions, job_id), "queue", None)
+        job = _claim(sessions, settings, worker_id, queue=queue) if queue else None
+        if job is None:
+            log.info("woken by job %s: no job of queue %s may start now", job_id, queue)
+            return "skipped"
+        if job.id != job_id:
+            log.info("woken by job %s: the scheduler chose job %s", job_id, job.id)
+    else:
+        job = _claim(sessions, settings, worker_id, job_id=job_id)
+        if job is None:
+            log.info("job %s is not queued or its owner is at their cap; skipping", job_id)
+            return "skipped"
+    status = _start(job, settings=settings, sessions=sessions, gpu_ids=gpu_ids,
+                    worker_id=worker_id, command=command, stop=stop, on_requeue=on_requeue)
+    if status in TERMINAL and on_requeue is not None:
+        _wake_owner(sessions, job.owner_id, on_requeue)
+    return status
+
+
+def _wake_owner(sessions: sessionmaker[Session], owner_id: str, send: Any) -> None:
+    """One of ``owner_id``'s jobs ended: send a wake-up for each queue holding their queued
+    jobs (the cap may have held them back; a spare message is dropped harmlessly)."""
+    try:
+        with sessions() as s:
+            targets = wake_targets(s, owner_id)
+        for target in targets:
+            send(*target)
+    except Exception:
+        log.exception("could not send wake-ups for user %s (the reaper re-sends)", owner_id)
+
+
+def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
+           gpu_ids: Sequence[str] | None, worker_id: str, command: CommandBuilder,
+           stop: threading.Event | None, on_requeue: Any) -> str:
+    """Prepare the run directory of a claimed job, launch the engine and watch it."""
+    job_id = job.id
     store = ArtifactStore(settings.artifact_root)
-    job = _claim(sessions, job_id, worker_id, settings.lease_s)
-    if job is None:
-        log.info("job %s is not queued; skipping (duplicate or cancelled)", job_id)
-        return "skipped"
     run = _Run(job, settings=settings, sessions=sessions, worker_id=worker_id, store=store)
     run.job_dir.mkdir(parents=True, exist_ok=True)
     if job.pid:  # a process group of an earlier attempt (crash or hand-back)

@@ -1,4 +1,5 @@
-"""Registers ``run_job`` on the service's Celery app: a thin doorbell over the runner.
+"""Registers ``run_job`` on the service's Celery app: a thin doorbell over the runner (the
+message names a job, but only wakes the worker: the database picks the job it runs).
 
 ``create_worker_app(settings)`` builds the app; ``python -m worker`` (what
 ``libreyolo-service worker`` starts) runs it with the solo pool: one job at a time per
@@ -66,9 +67,10 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
 
     @app.task(name=TASK_NAME, ignore_result=True)
     def run_job(job_id: str) -> str:
-        """Run job ``job_id`` (re-read from the database; a duplicate message is a no-op)."""
-        return runner.run_job(job_id, settings=settings, sessions=sessions,
-                              gpu_ids=list(gpu_ids or []), stop=stop, on_requeue=resend)
+        """A wake-up for the queue of job ``job_id``: run the job the scheduler picks there
+        (:func:`worker.runner.run_next`; none eligible: the message is simply used up)."""
+        return runner.run_next(job_id, settings=settings, sessions=sessions,
+                               gpu_ids=list(gpu_ids or []), stop=stop, on_requeue=resend)
 
     def on_shutdown(**_: object) -> None:
         stop.set()

@@ -48,10 +48,11 @@ from service.api.schemas import (
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
 from service.queue import enqueue, queue_for
+from service.scheduler import Outlook, outlook
 from service.storage.roots import path_refusal
 from service.workers import live_queues, unserved_warning, waiting_reason
 
-__all__ = ["router", "job_public"]
+__all__ = ["router", "job_public", "queue_outlooks"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -68,11 +69,13 @@ _NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
 def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = None,
-               settings: Any = None) -> JobPublic:
+               settings: Any = None, outlooks: dict[str, Outlook] | None = None) -> JobPublic:
     """Public view of a job row; with ``live`` (:func:`service.workers.live_queues`) a
     queued job no live worker serves gets its ``waiting`` reason; with ``session`` and
     ``settings``, ``started_from`` (:func:`~service.api.model_refs.describe_model_ref`,
-    as the job page's "Started from" says it)."""
+    as the job page's "Started from" says it); with ``outlooks``
+    (:func:`service.scheduler.outlook`) a queued job's ``queue_position``,
+    ``effective_priority`` and ``estimated_start``."""
     duration = None
     if job.started_at and job.finished_at:
         duration = (job.finished_at - job.started_at).total_seconds()
@@ -82,7 +85,19 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live)
+    where = (outlooks or {}).get(job.id) if job.status == "queued" else None
+    if where is not None:
+        out.queue_position = where.position
+        out.effective_priority = where.effective_priority
+        out.estimated_start = where.estimated_start
     return out
+
+
+def queue_outlooks(session: Any, settings: Any, jobs: list[Job],
+                   live: dict[str, int]) -> dict[str, Outlook]:
+    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``."""
+    queues = {j.queue for j in jobs if j.status == "queued"}
+    return outlook(session, settings, queues, live) if queues else {}
 
 
 def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> dict[str, Any]:
@@ -320,7 +335,7 @@ def submit_job(
               max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
               idempotency_key=idempotency_key, request_sha256=request_sha,
               cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
-              created_at=now, enqueued_at=now)
+              created_at=now, enqueued_at=now, sent_at=now)
     session.add(job)
     try:
         session.flush()
@@ -341,7 +356,8 @@ def submit_job(
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    out = job_public(job, live, session=session, settings=settings)
+    out = job_public(job, live, session=session, settings=settings,
+                     outlooks=queue_outlooks(session, settings, [job], live))
     out.warnings = warnings
     return out
 
@@ -394,16 +410,29 @@ def list_jobs(
         rows = rows[:limit]
         next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
     live = live_queues(session, settings.worker_ttl_s)
-    return JobsPage(data=[job_public(j, live, session=session, settings=settings) for j in rows],
+    outlooks = queue_outlooks(session, settings, rows, live)
+    return JobsPage(data=[job_public(j, live, session=session, settings=settings,
+                                     outlooks=outlooks) for j in rows],
                     next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
-    ``waiting`` says why a queued job cannot start (no live worker serves its queue)."""
-    return job_public(job, live_queues(session, settings.worker_ttl_s), session=session,
-                      settings=settings)
+    ``waiting`` says why a queued job cannot start (no live worker serves its queue).
+
+    A queued job also has ``queue_position`` (1: the next of its queue to start, in the
+    fair-share order: effective priority, then the owner with the fewest running jobs, then
+    the oldest), ``effective_priority`` (priority plus aging) and ``estimated_start``: the
+    queue's live workers are slots that free when their running job ends (the engine's
+    latest ``eta_s``, else the median duration of the queue's last 20 succeeded jobs minus
+    the time it has run) and each job ahead holds one for that median; null when no live
+    worker serves the queue, when a needed duration is unknown, or while the owner is at
+    their cap (see :func:`service.scheduler.outlook`).
+    """
+    live = live_queues(session, settings.worker_ttl_s)
+    return job_public(job, live, session=session, settings=settings,
+                      outlooks=queue_outlooks(session, settings, [job], live))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,

@@ -82,6 +82,18 @@ class JobPublic(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="submit only: what may keep the job from running "
         "(no live worker serves its queue)")
+    queue_position: int | None = Field(
+        None, ge=1, description="queued jobs only: 1 + the jobs of its queue (every user's) "
+        "that the fair-share scheduler would start before it as things stand (1: next); "
+        "null when not queued")
+    effective_priority: int | None = Field(
+        None, description="queued jobs only: priority plus 1 per `aging_minutes` waited, at "
+        "most 9 (what the scheduler sorts by first); null when not queued")
+    estimated_start: datetime | None = Field(
+        None, description="queued jobs only: when it should start (UTC), from the running "
+        "jobs' ETA (progress eta_s) and the queue's recent job durations; null when it "
+        "cannot be estimated (no live worker, no duration known yet, or waiting for its "
+        "owner's cap on running jobs) or the job is not queued")
 
 
 class JobsPage(BaseModel):

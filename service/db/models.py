@@ -18,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -70,6 +71,9 @@ class User(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("u"))
     name: Mapped[str] = mapped_column(String(100), unique=True)
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: running jobs this user may have at once; None: the setting ``max_running_per_user``;
+    #: 0: no cap (migration 0004; ``libreyolo-service users cap``)
+    max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -85,8 +89,13 @@ class Token(Base):
 
 
 class Job(Base):
+    """A job. ``enqueued_at`` is when it last entered ``queued`` (submit or re-queue: the
+    scheduler's age); ``sent_at`` when its ``run_job`` message was last sent (the reaper's
+    re-send clock; migration 0004)."""
+
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_idem"),)
+    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_idem"),
+                      Index("ix_jobs_queue_status", "queue", "status"))
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("j"))
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -117,6 +126,7 @@ class Job(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     enqueued_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    sent_at: Mapped[datetime | None] = mapped_column(nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
 

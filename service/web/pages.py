@@ -33,10 +33,13 @@ from service.api.deps import (
     check_same_origin,
     current_user,
 )
+from service.api.jobs import queue_outlooks
 from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem
 from service.db.models import TERMINAL, Artifact, Dataset, Job, User
 from service.ops import user_for_token
+from service.scheduler import Outlook
+from service.settings import Settings
 from service.storage import artifact_kind
 from service.workers import live_queues, waiting_reason
 
@@ -143,6 +146,15 @@ def _iso(dt: datetime | None) -> str:
     return dt.isoformat(timespec="seconds") if dt else ""
 
 
+def _clock(dt: datetime | None, now: datetime | None = None) -> str:
+    """``"14:05 UTC"`` (with the date when not today); empty for None."""
+    dt = _aware(dt)
+    if dt is None:
+        return ""
+    today = (now or datetime.now(UTC)).date()
+    return dt.strftime("%H:%M UTC" if dt.date() == today else "%Y-%m-%d %H:%M UTC")
+
+
 @functools.lru_cache(maxsize=1)
 def _asset_version() -> str:
     digest = hashlib.sha256()
@@ -213,9 +225,37 @@ def _base_context(request: Request, user: User | None, nav: str) -> dict[str, An
 # ---------------------------------------------------------------- view models
 
 
-def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]:
+def fmt_queue(where: Outlook | None, now: datetime) -> str | None:
+    """``"2nd in queue · starts in ~5 min"`` (or without the estimate when it is unknown;
+    ``"next in queue"`` for the first) from a queued job's :class:`Outlook`."""
+    if where is None:
+        return None
+    pos = where.position
+    text = "next in queue" if pos == 1 else f"{_ordinal(pos)} in queue"
+    if where.estimated_start is not None:
+        wait = (where.estimated_start - now).total_seconds()
+        text += " · starts " + ("now" if wait < 30 else f"in ~{_rough(wait)}")
+    return text
+
+
+def _rough(seconds: float) -> str:
+    """A wait as an estimate says it: ``'4 min'``, ``'2 h 10 min'``, ``'3 d 4 h'``."""
+    minutes = max(1, round(seconds / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    return fmt_duration(minutes * 60).replace(" 0 min", "")
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _progress(job: Job, live: dict[str, int] | None = None,
+              where: Outlook | None = None, now: datetime | None = None) -> tuple[float, str]:
     """(percent 0-100, text) of a job from its latest progress; a queued job that no live
-    worker (``live``, :func:`service.workers.live_queues`) serves says so."""
+    worker (``live``, :func:`service.workers.live_queues`) serves says so, else its place
+    in the queue (``where``, :func:`service.scheduler.outlook`)."""
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
     if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
@@ -229,7 +269,7 @@ def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
     if job.status == "queued":
         return 0.0, (waiting_reason(job.status, job.queue, live) if live is not None
-                     else None) or "waiting"
+                     else None) or fmt_queue(where, now or datetime.now(UTC)) or "waiting"
     if not epochs or not epoch:
         return 0.0, "—" if job.status in TERMINAL else "starting"
     steps, step = p.get("steps") or 0, p.get("step") or 0
@@ -258,8 +298,10 @@ def _dataset_label(data: str, names: dict[str, str]) -> str:
 
 
 def _job_row(job: Job, names: dict[str, str], now: datetime,
-             live: dict[str, int] | None = None) -> dict[str, Any]:
-    pct, text = _progress(job, live)
+             live: dict[str, int] | None = None,
+             outlooks: dict[str, Outlook] | None = None) -> dict[str, Any]:
+    where = (outlooks or {}).get(job.id) if job.status == "queued" else None
+    pct, text = _progress(job, live, where, now)
     started, finished = _aware(job.started_at), _aware(job.finished_at)
     if started and finished:
         duration = fmt_duration((finished - started).total_seconds())
@@ -271,7 +313,10 @@ def _job_row(job: Job, names: dict[str, str], now: datetime,
             "data": job.data, "dataset": _dataset_label(job.data, names),
             "pct": round(pct), "progress": text, "attempt": job.attempt,
             "max_attempts": job.max_attempts, "created": _iso(job.created_at),
-            "age": fmt_age(job.created_at, now), "duration": duration}
+            "age": fmt_age(job.created_at, now), "duration": duration,
+            "queue_text": fmt_queue(where, now),
+            "estimated_start": _iso(where.estimated_start) if where is not None else "",
+            "estimated_start_text": _clock(where.estimated_start) if where is not None else ""}
 
 
 def _list_jobs(session: SessionDep, user: User, status: str | None, kind: str | None,
@@ -291,12 +336,14 @@ def _list_jobs(session: SessionDep, user: User, status: str | None, kind: str | 
 
 
 def _rows_context(session: SessionDep, user: User, status: str | None, kind: str | None,
-                  before: str | None, worker_ttl_s: float) -> dict[str, Any]:
+                  before: str | None, settings: Settings) -> dict[str, Any]:
     jobs, older = _list_jobs(session, user, status, kind, before)
     names = _dataset_names(session, user)
     now = datetime.now(UTC)
     query = {k: v for k, v in (("status", status), ("kind", kind)) if v}
-    return {"rows": [_job_row(j, names, now) for j in jobs],
+    live = live_queues(session, settings.worker_ttl_s)
+    outlooks = queue_outlooks(session, settings, jobs, live)
+    return {"rows": [_job_row(j, names, now, live, outlooks) for j in jobs],
             "filtered": bool(query), "status": status or "", "kind": kind or "",
             "older_url": f"/jobs?{urlencode({**query, 'before': older})}" if older else None,
             "rows_url": "/web/jobs/rows" + (f"?{urlencode(query)}" if query else ""),
@@ -360,8 +407,10 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
     error = job.error or None
-    live = live_queues(session, request.app.state.settings.worker_ttl_s)
-    return {"job": job, "row": _job_row(job, names, now, live), "artifacts": artifacts,
+    settings = request.app.state.settings
+    live = live_queues(session, settings.worker_ttl_s)
+    outlooks = queue_outlooks(session, settings, [job], live)
+    return {"job": job, "row": _job_row(job, names, now, live, outlooks), "artifacts": artifacts,
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in ("queued",
                                                                                "running"),
@@ -437,7 +486,7 @@ def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
         stmt = stmt.where(Dataset.owner_id == user.id)
     datasets = list(session.scalars(stmt))
     ctx = _rows_context(session, user, status if status in STATUSES else None,
-                        kind if kind in KINDS else None, before, settings.worker_ttl_s)
+                        kind if kind in KINDS else None, before, settings)
     return _render(request, "jobs.html", {
         **_base_context(request, user, "jobs"), **ctx, "statuses": STATUSES, "kinds": KINDS,
         "models": list_models(), "datasets": datasets, "gpu_choices": GPU_CHOICES,
@@ -455,7 +504,7 @@ def jobs_rows(request: Request, session: SessionDep, settings: SettingsDep,
     """
     user = current_user(request, session, settings, request.headers.get("authorization"))
     ctx = _rows_context(session, user, status if status in STATUSES else None,
-                        kind if kind in KINDS else None, None, settings.worker_ttl_s)
+                        kind if kind in KINDS else None, None, settings)
     return _render(request, "_job_rows.html", ctx)
 
 

@@ -367,3 +367,41 @@ def test_signin_page_never_breaks_a_command(web, shot, viewport):
     assert all(lines == 1 for _, lines in commands), commands
     _fits_width(page)
     shot(page, f"signin-{'phone' if viewport else 'laptop'}")
+
+
+def test_queued_jobs_show_their_place_in_the_queue(web, stack, shot, data_yaml):
+    """With a live CPU worker (its heartbeat row) the jobs table says where each queued job
+    stands; the job page says it too, and refreshes it while the job waits."""
+    from service.db.models import WorkerRow
+
+    _, token = stack.user()
+    jobs = [_submit(stack, token, data_yaml, params={"epochs": 1}) for _ in range(2)]
+    with stack.sessions() as s:
+        s.add(WorkerRow(name="browser-queue-test", host="h", pid=1, queues=["cpu"], gpus=0))
+        s.commit()
+    try:
+        with client(stack.url, token) as c:
+            places = [c.get(f"/v1/jobs/{j['id']}").json()["queue_position"] for j in jobs]
+        assert places[1] == places[0] + 1
+        page = web.page(token)
+        page.goto("/jobs")
+        row = page.locator(f'tr[data-job-id="{jobs[1]["id"]}"]')
+        expect(row.locator(".cell-progress")).to_contain_text(re.compile(
+            r"(next|\d+(st|nd|rd|th)) in queue"))
+        shot(page, "jobs-queued")
+        page.goto(f"/jobs/{jobs[1]['id']}")
+        place = page.locator("#queue-place")
+        expect(place).to_contain_text(re.compile(r"in queue"))
+        before = place.inner_text()
+        shot(page, "job-queued")
+        with client(stack.url, token) as c:  # the first leaves the queue: the page follows
+            c.post(f"/v1/jobs/{jobs[0]['id']}/cancel")
+        expect(place).not_to_have_text(before, timeout=20_000)
+        expect(place).to_contain_text(re.compile(r"in queue"))
+    finally:
+        with client(stack.url, token) as c:
+            for j in jobs:
+                c.post(f"/v1/jobs/{j['id']}/cancel")
+        with stack.sessions() as s:
+            s.query(WorkerRow).filter_by(name="browser-queue-test").delete()
+            s.commit()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -106,6 +107,8 @@ def test_cli_errors_name_the_field_and_cancel(cli, data_yaml):
     r = cli("show", "j" + "0" * 24)
     assert r.exit_code == 1 and "not found" in r.output
     job_id = cli("submit", "-d", data_yaml, "--gpus", "0", "epochs=1").stdout.split()[0]
+    shown = cli("show", job_id).output  # where it stands in the fair-share queue
+    assert re.search(r"^queue: +#\d+ in queue cpu \(priority 0, effective 0\)$", shown, re.M), shown
     r = cli("cancel", job_id)
     assert r.exit_code == 0 and r.stdout.strip() == f"{job_id}: cancelled"
 

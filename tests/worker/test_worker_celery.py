@@ -127,6 +127,41 @@ def test_kill9_worker_then_second_worker_resumes(stack, tmp_path):
     assert spec["resume"] == str(run_dir / "weights" / "last.pt")
 
 
+def test_one_worker_starts_the_other_users_job_next(stack, tmp_path):
+    """Fair share on one real CPU worker (embedded broker; messages only wake it): user A
+    queues 10 jobs, then user B queues 1; B's job is the next to start after the job that
+    is running, though A's nine other messages are ahead of B's in the broker."""
+    settings = stack.settings
+    data = str(write_data_yaml(tmp_path / "ds"))
+    _, token_a = make_user(stack.sessions)
+    _, token_b = make_user(stack.sessions)
+    w = start_worker(settings, tmp_path / "w.log", FAKE_EPOCH_S="1.0")
+    a_jobs: list[str] = []
+    with client(stack.url, token_a) as ca, client(stack.url, token_b) as cb:
+        try:
+            a_jobs = [submit(ca, data, epochs=2) for _ in range(10)]
+            wait_for(lambda: ca.get(f"/v1/jobs/{a_jobs[0]}").json()["status"] == "running",
+                     timeout=60, what="A's first job to start")
+            b_job = submit(cb, data, epochs=1)
+            b = cb.get(f"/v1/jobs/{b_job}").json()
+            if b["status"] == "queued":  # A's first job still runs
+                assert b["queue_position"] == 1, b
+            wait_for(lambda: cb.get(f"/v1/jobs/{b_job}").json()["status"] == "succeeded",
+                     timeout=60, what="B's job to succeed")
+            with stack.sessions() as s:
+                started = [j.id for j in s.query(Job).filter(Job.id.in_([*a_jobs, b_job]),
+                                                             Job.started_at.isnot(None))
+                           .order_by(Job.started_at)]
+            assert started[:2] == [a_jobs[0], b_job], started
+        finally:  # nothing of A's stays queued for the next test's workers
+            for job_id in a_jobs:
+                ca.post(f"/v1/jobs/{job_id}/cancel")
+            wait_for(lambda: all(ca.get(f"/v1/jobs/{j}").json()["status"] in
+                                 ("succeeded", "failed", "cancelled") for j in a_jobs),
+                     timeout=60, what="A's jobs to end")
+            stop_worker(w)
+
+
 def test_redis_broker_and_lost_message_is_resent(make_settings, sqlite_url, tmp_path):
     """Redis as the broker. The queue is wiped while the job waits (a Redis restart without
     persistence); the reaper re-sends the message and the job still runs."""

@@ -16,6 +16,7 @@
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const MAX_LOG_LINES = 2000;
   const TERMINAL = ['succeeded', 'failed', 'cancelled'];
+  const QUEUE_REFRESH_MS = 10000;
 
   // ------------------------------------------------------------------ stream
   let source = null;
@@ -381,6 +382,11 @@
     }
     refreshSummary();
   });
+
+  // a queued job's place in the queue and estimated start change without an event
+  setInterval(function () {
+    if (root.dataset.status === 'queued' && !document.hidden) refreshSummary();
+  }, QUEUE_REFRESH_MS);
 
   if (TERMINAL.indexOf(root.dataset.status) !== -1) setState('', 'loading…');
   renderCharts();
