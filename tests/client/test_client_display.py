@@ -25,7 +25,7 @@ def test_page_text_and_the_jobs_list():
     job = SimpleNamespace(status="running", progress=VALIDATING, queue="cpu")
     assert _progress(job)[1] == "epoch 3/3 · validating 2/4"
     job.progress = TRAINING
-    assert _progress(job)[1] == "epoch 2/3 · step 5/8"
+    assert _progress(job)[1] == "epoch 2/3 · step 5/8 · ETA 40 s"  # the ETA of the progress
     info = JobInfo(id="j1", kind="train", model="yolo9-t", data="d.yaml", status="running",
                    progress=VALIDATING)
     assert _summary(info) == "epoch 3/3  validating 2/4"
