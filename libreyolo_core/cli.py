@@ -376,8 +376,12 @@ def _exit_for(exc: Exception) -> int:
     if interrupted and int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
         return EXIT_SIGTERM
     if interrupted:
-        last = getattr(exc, "last_checkpoint", None) or "path/to/last.pt"
-        print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
+        last = getattr(exc, "last_checkpoint", None)
+        if last is None:  # stopped before training began (during a preflight)
+            print(f"interrupted ({exc}): stopped before the first epoch, nothing saved",
+                  file=sys.stderr)
+        else:
+            print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):

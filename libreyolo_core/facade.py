@@ -214,7 +214,7 @@ class LibreYOLO:
         from libreyolo_core.profiler.preflight import run_preflight
 
         model = str(self.checkpoint) if self.checkpoint is not None else self.name
-        return run_preflight(model, cfg)
+        return run_preflight(model, cfg)  # raises TrainingInterrupted on SIGTERM
 
     def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
         """The spawn path: autobatch in this process, then one DDP worker per device

@@ -201,12 +201,18 @@ class Trainer:
         return self._stop_agreed if self.dist.enabled else self.stop_requested
 
     def _install_sigterm(self):
+        """SIGTERM requests a stop (main thread only). A Python handler it replaces is called
+        too: a caller running this trainer inside a longer job (a tune's trials, a
+        preflight) learns of the stop even when it lands after the profile window."""
         if threading.current_thread() is not threading.main_thread():
             return None
+        outer = signal.getsignal(signal.SIGTERM)
 
-        def handler(signum, frame):  # noqa: ARG001
+        def handler(signum, frame):
             log.warning("SIGTERM received: finishing the current step, then saving last.pt")
             self.request_stop("SIGTERM")
+            if callable(outer):
+                outer(signum, frame)
 
         return signal.signal(signal.SIGTERM, handler)
 

@@ -30,9 +30,12 @@ import gc
 import json
 import logging
 import os
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -295,13 +298,42 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
         total_s=round(total, 3),
         peak_memory_mb=None if peak_memory_mb is None else round(peak_memory_mb, 1),
         memory_kind=memory_kind, device=device, gpus=gpus,
-        gpu_hours=None if hours is None else round(hours, 5),
+        gpu_hours=None if hours is None else round(hours, 6),
         price_per_gpu_hour=price if gpus else None, currency=currency if gpus and price else None,
         cost=cost, verdict=head.get("bound"), reliable=conf.get("reliable") if conf else None,
         window={"warmup": int(w.get("warmup") or 0), "steps": int(w.get("steps") or 0)},
         phases=tuple(rows), measured_s=round(measured_s, 3), notes=tuple(more),
         trial_dir=trial_dir,
     )
+
+
+class _StopFlag:
+    """SIGTERM while the preflight runs (main thread): remembered, so that a stop that lands
+    between or after the trials' windows still ends the run before training begins (the
+    trials' own handler calls this one too)."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.set = True
+        if callable(self.previous):
+            self.previous(signum, frame)
+
+    def check(self) -> None:
+        """Raise TrainingInterrupted when SIGTERM came."""
+        if self.set:
+            from libreyolo_core.engine.trainer import TrainingInterrupted
+
+            raise TrainingInterrupted("SIGTERM", None)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
 
 
 class _Take:
@@ -404,6 +436,8 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
         measured window or the batch is picked at run time (``batch=-1``).
 
     Raises:
+        TrainingInterrupted: SIGTERM while the preflight ran (``last_checkpoint`` is None:
+            nothing was trained yet).
         whatever the trial raises for a bad configuration (the same error the run would
         meet).
     """
@@ -412,6 +446,7 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
     from libreyolo_core.engine.eta import validations_left
     from libreyolo_core.engine.events import read_events
     from libreyolo_core.engine.optim import accumulate_steps
+    from libreyolo_core.engine.trainer import TrainingInterrupted
     from libreyolo_core.profiler.trial import run_trial
     from libreyolo_core.profiler.window import _fit
 
@@ -436,8 +471,10 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
     sink = stdout if stdout is not None else open(os.devnull, "w")  # noqa: SIM115
     done: list[Phase] = []
     first_dir, setup_s = None, 0.0
+    stop = _StopFlag()
     try:
         for i, (name, n) in enumerate(plan):
+            stop.check()
             aug = {} if name == "mosaic" else {"mosaic": 0.0, "mixup": 0.0}
             result = run_trial(cfg.data, model, project=root, name="trial" if i == 0 else "trial_no_mosaic",
                                warmup=warmup, steps=steps, epochs=cfg.epochs, stdout=sink,
@@ -448,7 +485,12 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
                 starts = [e for e in read_events(result.run_dir / "events.jsonl")
                           if e.get("event") == "run_start"]
                 setup_s = max(float(starts[0]["time"]) - wall0, 0.0) if starts else 0.0
+        stop.check()
+    except TrainingInterrupted:
+        shutil.rmtree(root, ignore_errors=True)
+        raise TrainingInterrupted("SIGTERM during the preflight", None) from None
     finally:
+        stop.restore()
         if stdout is None:
             sink.close()
     for extra in root.glob("trial_*"):  # the later phases' files join the first's
