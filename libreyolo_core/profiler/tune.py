@@ -6,9 +6,11 @@
    (:func:`~libreyolo_core.profiler.trial.run_trial`; the window is fitted into one epoch).
 2. **Candidates.** The trials' verdicts name the levers (:func:`candidate_levers`), only
    those that exist on the device: ``dataloader`` -> more ``workers``, ``cache=ram``, a
-   lighter augmentation, a larger batch; ``compute`` -> ``amp``, bf16 on a GPU that has it
-   (a CPU: a larger batch); ``host/launch`` -> ``cuda_graph=True``, a larger batch;
-   ``memory-pressure`` -> a smaller batch. A CPU never tries AMP, bf16 or CUDA graphs.
+   lighter augmentation, a larger batch; ``compute`` -> ``amp``, bf16 on a GPU that has it;
+   ``host/launch`` -> ``cuda_graph=True``, a larger batch; ``memory-pressure`` -> a smaller
+   batch. A CPU never tries AMP, bf16 or CUDA graphs: its verdict is ``dataloader`` (the
+   loader levers and a larger batch) or ``compute`` (no lever exists on the device, as
+   ``verdict.lever`` says: the answer is "no significant lever on this device").
    Levers that only change speed come first; those that change what is trained (the
    augmentation, the batch) after them. At most ``max_candidates`` are profiled.
 3. **Each candidate** is profiled ``repeat`` times the same way and compared with the
@@ -224,8 +226,7 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
                           "fewer images loaded and mixed per sample"))
             batch_up("a larger batch spreads the per-step overhead over more images")
         elif v == V.COMPUTE:
-            if not cuda:
-                batch_up("the only compute lever on a CPU: a larger batch")
+            if not cuda:  # AMP and bf16 exist on a GPU only: a CPU has no compute lever
                 continue
             if not config.get("amp", True):
                 add(Lever("amp", "amp=True", {"amp": True}, "precision", None,
@@ -763,10 +764,17 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
         if rec.side_effect:
             answer += f"; note: it {rec.side_effect}"
     elif tried == 0:
-        answer = (f"{NO_LEVER}: the verdict ({base.aggregate.get('bound')}) names no lever "
-                  f"that exists on this device ({device})")
+        skipped = [c for c in tuner.configs[1:] if c.skipped]
         if tuner.status != "complete":
             answer = f"no answer yet: stopped ({tuner.status}) before any candidate was measured"
+        elif skipped:
+            answer = (f"no answer: none of the {len(skipped)} candidates could be measured ("
+                      + "; ".join(f"{c.label}: {c.skipped}" for c in skipped) + ")")
+        else:
+            also = ((base.aggregate.get("lever") or {}).get("also") or [])
+            answer = (f"{NO_LEVER}: the verdict ({base.aggregate.get('bound')}) names no lever "
+                      f"that exists on this device ({device})"
+                      + (f"; what helps instead: {', '.join(also)}" if also else ""))
     else:
         answer = (f"{NO_LEVER}: {tried} candidate{'s' if tried != 1 else ''} tried, none beat "
                   "the baseline beyond noise (significant beyond 2 x SE, at least "
