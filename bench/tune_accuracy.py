@@ -10,7 +10,11 @@ trials per configuration, a ``--warmup`` + ``--steps`` window):
   explained by the machine's load);
 - **compute-bound**: ``workers=0``, ``imgsz=224``, ``batch=8``, no mosaic or mixup,
   ``cache=ram`` (loading is nearly free): right when the answer is "no significant lever
-  on this device".
+  on this device" (on a CPU a compute verdict names no lever, so this checks that the
+  verdict holds under load and that nothing else gets recommended);
+- **A/A** (the noise check): the loader-bound configuration profiled ``--repeat`` times,
+  twice, and the second set judged against the first by the tune's rule (:func:`judge`):
+  right when it is *not* recommendable (the same configuration cannot be faster).
 
 Prints ONE line, e.g.::
 
@@ -22,7 +26,8 @@ The machine's load (1-minute load average before and after each tune, other proc
 share of the CPU during the trials) is printed with it: a loaded machine makes the tune
 answer "no significant lever" more often, never recommend noise.
 
-Usage: ``python bench/tune_accuracy.py [--runs 5] [--repeat 3] [--warmup 1] [--steps 3]``
+Usage: ``python bench/tune_accuracy.py [--runs 5] [--repeat 3] [--warmup 1] [--steps 3]
+[--no-aa]``
 """
 
 from __future__ import annotations
@@ -45,6 +50,24 @@ COMPUTE = {"imgsz": 224, "batch": 8, "workers": 0, "mosaic": 0.0, "mixup": 0.0, 
            "device": "cpu"}
 
 
+def a_a(data: Path, root: Path, opts, others: list[float]) -> bool:
+    """Profile the loader-bound configuration ``repeat`` times, twice; True when the tune's
+    rule does not recommend the second set over the first."""
+    from libreyolo_core.profiler.cli import aggregate
+    from libreyolo_core.profiler.trial import run_trial
+    from libreyolo_core.profiler.tune import judge
+
+    sides = []
+    for side in ("a", "b"):
+        results = [run_trial(data, "yolo9-t", project=root, name=f"{side}_{k}", warmup=opts.warmup,
+                             steps=opts.steps, stdout=io.StringIO(), profile_trace=False, **LOADER)
+                   for k in range(opts.repeat)]
+        others += [r.load.other_cpu_frac for r in results if r.load and r.load.other_cpu_frac is not None]
+        sides.append(aggregate([r.profile for r in results], [str(r.profile_path) for r in results]))
+    _, verdict = judge(sides[0], sides[1], min_gain=opts.min_gain)
+    return not verdict["recommendable"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -52,6 +75,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--verbose", action="store_true", help="print each tune's table")
+    ap.add_argument("--no-aa", dest="aa", action="store_false", help="skip the A/A noise check")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from libreyolo_core.profiler.tune import NO_LEVER, TuneOptions, format_tune, run_tune
@@ -62,7 +86,7 @@ def main() -> None:
     t0 = time.monotonic()
     loads: list[float] = []
     others: list[float] = []
-    outcome: dict[str, list[bool]] = {"loader": [], "compute": []}
+    outcome: dict[str, list[bool]] = {"loader": [], "compute": [], "aa": []}
     gains: list[float] = []
     picks: list[str] = []
     for run in range(args.runs):
@@ -87,6 +111,10 @@ def main() -> None:
                   f"{res['answer']}", file=sys.stderr, flush=True)
             if args.verbose:
                 print(format_tune(res), file=sys.stderr, flush=True)
+        if args.aa:
+            outcome["aa"].append(a_a(data, root / f"aa_{run}", opts, others))
+            print(f"[A/A {run + 1}/{args.runs}] {'right' if outcome['aa'][-1] else 'WRONG'}",
+                  file=sys.stderr, flush=True)
     minutes = (time.monotonic() - t0) / 60
     lo, co = outcome["loader"], outcome["compute"]
     kinds = sorted(set(picks))
@@ -99,7 +127,9 @@ def main() -> None:
     print(f" | compute-bound right {sum(co)}/{len(co)} (no significant lever) | {minutes:.1f} min,"
           f" load avg {min(loads):.1f}-{max(loads):.1f}, other processes "
           f"{100 * statistics.fmean(others):.0f}% of the CPU during the trials (max "
-          f"{100 * max(others):.0f}%)")
+          f"{100 * max(others):.0f}%)"
+          + (f" | A/A noise check right {sum(outcome['aa'])}/{len(outcome['aa'])} (the same "
+             "configuration never recommended over itself)" if outcome["aa"] else ""))
 
 
 if __name__ == "__main__":

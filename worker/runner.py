@@ -341,8 +341,7 @@ class _Run:
             tune = _read_json(self.run_dir / "tune.json")
             if tune is not None:
                 result.update(tune=tune, answer=tune.get("answer"),
-                              recommended_params=tune.get("recommended_params"),
-                              verdict=tune.get("verdict"))
+                              recommended_params=tune.get("recommended_params"))
         return result
 
 

@@ -771,10 +771,10 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
             answer = (f"no answer: none of the {len(skipped)} candidates could be measured ("
                       + "; ".join(f"{c.label}: {c.skipped}" for c in skipped) + ")")
         else:
-            also = ((base.aggregate.get("lever") or {}).get("also") or [])
+            helps = ((base.aggregate.get("lever") or {}).get("also") or [])
             answer = (f"{NO_LEVER}: the verdict ({base.aggregate.get('bound')}) names no lever "
                       f"that exists on this device ({device})"
-                      + (f"; what helps instead: {', '.join(also)}" if also else ""))
+                      + (f"; what helps instead: {', '.join(helps)}" if helps else ""))
     else:
         answer = (f"{NO_LEVER}: {tried} candidate{'s' if tried != 1 else ''} tried, none beat "
                   "the baseline beyond noise (significant beyond 2 x SE, at least "

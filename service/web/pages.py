@@ -220,9 +220,12 @@ def _progress(job: Job, live: dict[str, int] | None = None) -> tuple[float, str]
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
     if p.get("phase") == "tuning" and p.get("trials_planned"):  # a tune job: its trials
-        done = job.status == "succeeded"
         planned = p["trials_planned"]
-        return (100.0 if done else max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / planned)),
+        if job.status in TERMINAL:
+            ran = ((job.result or {}).get("tune") or {}).get("trials_run")
+            return (100.0 if job.status == "succeeded" else 0.0,
+                    f"tune {job.status}" + (f": {ran} trials run" if ran is not None else ""))
+        return (max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / planned)),
                 tune_progress_text(p))
     if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
         steps, step = p["steps"], p.get("step") or 0
@@ -399,7 +402,7 @@ def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
             "baseline_epoch": fmt_seconds(tune.get("baseline_epoch_s")),
             "also": tune.get("also") or [], "notes": tune.get("notes") or [],
             "device": tune.get("device"), "train_url": f"/jobs?train_from={job.id}#new-job-title",
-            "can_train": job.status in TERMINAL and bool(tune.get("baseline", {}).get("img_per_s"))}
+            "can_train": job.status in TERMINAL and bool((tune.get("baseline") or {}).get("img_per_s"))}
 
 
 def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:
