@@ -29,7 +29,17 @@ from libreyolo_client._errors import (
     ValidationError,
     WaitTimeout,
 )
-from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo, Model
+from libreyolo_client._models import (
+    ArtifactInfo,
+    DatasetInfo,
+    Event,
+    JobInfo,
+    Model,
+    Preflight,
+    PreflightActual,
+    TuneReport,
+    TuneRow,
+)
 
 __all__ = [
     "APIError",
@@ -50,8 +60,12 @@ __all__ = [
     "LibreYOLOError",
     "Model",
     "NotFound",
+    "Preflight",
+    "PreflightActual",
     "ServiceUnavailable",
     "SubmitWarning",
+    "TuneReport",
+    "TuneRow",
     "ValidationError",
     "WaitTimeout",
 ]

@@ -24,6 +24,7 @@ from libreyolo_client._client import (
     FOLLOW_GIVE_UP_S,
     RETRY_STATUSES,
     SSE_FAILURES_BEFORE_POLLING,
+    TUNE_OPTIONS,
     _Base,
     _check_deadline,
     _request_of,
@@ -38,7 +39,7 @@ from libreyolo_client._errors import (
     SubmitWarning,
     error_from_response,
 )
-from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model
+from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model, Preflight, TuneReport
 from libreyolo_client._sse import aparse_sse
 
 __all__ = ["AsyncClient", "AsyncJob"]
@@ -95,10 +96,11 @@ class AsyncClient(_Base):
     async def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
                      gpus: int | None = None, procs: int = 1, priority: int = 0,
                      time_budget_s: float | None = None, idempotency_key: str | None = None,
-                     params: dict[str, Any] | None = None) -> AsyncJob:
+                     params: dict[str, Any] | None = None,
+                     tune: dict[str, Any] | None = None) -> AsyncJob:
         """See :meth:`Client.submit`."""
         body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
-                              dict(params or {}))
+                              dict(params or {}), tune)
         key = idempotency_key or uuid.uuid4().hex
         info = JobInfo.model_validate(
             await self._json("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": key}))
@@ -120,6 +122,17 @@ class AsyncClient(_Base):
         opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
                 if k in kw}
         return await self.submit("profile", model, data, gpus=gpus, params=kw, **opts)
+
+    async def tune(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
+                   gpus: int | None = None, **kw: Any) -> AsyncJob:
+        """See :meth:`Client.tune` (``repeat``, ``warmup``, ``steps``, ``max_candidates``,
+        ``budget_s``, ``min_gain`` are the tune's options; ``procs``, ``priority``,
+        ``time_budget_s``, ``idempotency_key`` the job's; every other keyword a training key)."""
+        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
+                if k in kw}
+        tune = {k: kw.pop(k) for k in TUNE_OPTIONS if k in kw}
+        return await self.submit("tune", model, data, gpus=gpus, params=kw,
+                                 tune={k: v for k, v in tune.items() if v is not None}, **opts)
 
     async def job(self, job_id: str) -> AsyncJob:
         """See :meth:`Client.job`."""
@@ -195,6 +208,21 @@ class AsyncJob:
     @property
     def page_url(self) -> str:
         return self._client.page_url(self.id)
+
+    @property
+    def tune(self) -> TuneReport | None:
+        """A finished tune job's result as typed data (see :attr:`Job.tune`), from the job as
+        last read (``await job.refresh()`` first); ``None`` otherwise."""
+        data = (self.info.result or {}).get("tune") if self.info.done else None
+        return TuneReport.model_validate(data) if isinstance(data, dict) else None
+
+    @property
+    def preflight(self) -> Preflight | None:
+        """A train job's preflight estimate from the job as last read (see
+        :attr:`Job.preflight`)."""
+        data = (self.info.result or {}).get("preflight") or (self.info.progress or {}).get("preflight")
+        return Preflight.model_validate(data) if isinstance(data, dict) and \
+            data.get("total_s") is not None else None
 
     async def refresh(self) -> JobInfo:
         """Read the job again."""

@@ -33,7 +33,15 @@ from libreyolo_client._errors import (
     WaitTimeout,
     error_from_response,
 )
-from libreyolo_client._models import ArtifactInfo, DatasetInfo, Event, JobInfo, Model
+from libreyolo_client._models import (
+    ArtifactInfo,
+    DatasetInfo,
+    Event,
+    JobInfo,
+    Model,
+    Preflight,
+    TuneReport,
+)
 from libreyolo_client._progress import EventPrinter
 from libreyolo_client._sse import parse_sse
 
@@ -49,6 +57,8 @@ SSE_FAILURES_BEFORE_POLLING = 3
 CHUNK = 1 << 20
 
 ProgressFn = Callable[[int, int | None], None]
+#: The options of a tune job (every other keyword of :meth:`Client.tune` is a training key).
+TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_gain")
 EventFn = Callable[[Event], None]
 
 
@@ -89,13 +99,15 @@ class _Base:
 
     def _job_body(self, kind: str, model: str, data: str | os.PathLike[str], gpus: int | None,
                   procs: int, priority: int, time_budget_s: float | None,
-                  params: dict[str, Any]) -> dict[str, Any]:
+                  params: dict[str, Any], tune: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": kind, "model": model, "data": self._data_ref(data),
                                 "params": params, "procs": procs, "priority": priority}
         if gpus is not None:
             body["gpus"] = gpus
         if time_budget_s is not None:
             body["time_budget_s"] = time_budget_s
+        if tune is not None:
+            body["tune"] = tune
         return body
 
     @staticmethod
@@ -250,15 +262,16 @@ class Client(_Base):
     def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
                gpus: int | None = None, procs: int = 1, priority: int = 0,
                time_budget_s: float | None = None, idempotency_key: str | None = None,
-               params: dict[str, Any] | None = None) -> Job:
-        """Submit a ``train`` or ``profile`` job; see :meth:`train`.
+               params: dict[str, Any] | None = None, tune: dict[str, Any] | None = None) -> Job:
+        """Submit a ``train``, ``profile`` or ``tune`` job; see :meth:`train` and
+        :meth:`tune` (``tune``: a tune job's options).
 
         A fresh ``Idempotency-Key`` (or yours) goes with the request and with every retry of
         it, so a retried submit never makes two jobs. When the service warns (no live worker
         serves the job's queue), each warning is issued as a :class:`SubmitWarning`.
         """
         body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
-                              dict(params or {}))
+                              dict(params or {}), tune)
         key = idempotency_key or uuid.uuid4().hex
         info = JobInfo.model_validate(self._json("POST", "/v1/jobs", json=body,
                                                  headers={"Idempotency-Key": key}))
@@ -303,6 +316,35 @@ class Client(_Base):
         return self.submit("profile", model, data, gpus=gpus, procs=procs, priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
                            params=params)
+
+    def tune(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int |
+             None = None, *, repeat: int | None = None, warmup: int | None = None,
+             steps: int | None = None, max_candidates: int | None = None,
+             budget_s: float | None = None, min_gain: float | None = None, procs: int = 1,
+             priority: int = 0, time_budget_s: float | None = None,
+             idempotency_key: str | None = None, **params: Any) -> Job:
+        """Submit a tune job: the configuration ``params`` is profiled ``repeat`` times, the
+        levers its verdict names (on this device) are profiled the same way and compared
+        with it, and a parameter set is recommended only when it is faster beyond noise.
+
+        Args:
+            repeat: trials per configuration (2-10; service default 3).
+            warmup, steps: each trial's window (fitted into one epoch).
+            max_candidates: configurations tried besides the baseline.
+            budget_s: the tune's time budget, seconds (it stops between trials).
+            min_gain: the smallest gain recommended (0.05 = 5 %).
+            **params: the baseline's training keys; the rest as :meth:`train`.
+
+        Returns:
+            The :class:`Job`; when it is done, :attr:`Job.tune` is the typed
+            :class:`TuneReport` (``recommended_params`` to train with).
+        """
+        options = {k: v for k, v in (("repeat", repeat), ("warmup", warmup), ("steps", steps),
+                                     ("max_candidates", max_candidates), ("budget_s", budget_s),
+                                     ("min_gain", min_gain)) if v is not None}
+        return self.submit("tune", model, data, gpus=gpus, procs=procs, priority=priority,
+                           time_budget_s=time_budget_s, idempotency_key=idempotency_key,
+                           params=params, tune=options)
 
     def job(self, job_id: str) -> Job:
         """The job ``job_id``.
@@ -571,6 +613,24 @@ class Job:
         """A profile job's lever, or ``{}``: ``{"verdict", "params": {training key: value to
         try}, "why", "also": [other advice]}``; e.g. ``c.train(..., **job.lever["params"])``."""
         return dict((self.result or {}).get("lever") or {})
+
+    @property
+    def tune(self) -> TuneReport | None:
+        """A tune job's result as typed data (also a cancelled one's: what was measured);
+        ``None`` for other jobs and before it ends."""
+        res = self.result if self.info.done else None
+        data = (res or {}).get("tune")
+        return TuneReport.model_validate(data) if isinstance(data, dict) else None
+
+    @property
+    def preflight(self) -> Preflight | None:
+        """A train job's preflight estimate (``params.preflight``), with ``actual`` once it
+        ended; while it runs, the figures kept in its progress. ``None`` without one."""
+        if not self.info.done:
+            self.refresh()
+        data = (self.info.result or {}).get("preflight") or (self.info.progress or {}).get("preflight")
+        return Preflight.model_validate(data) if isinstance(data, dict) and \
+            data.get("total_s") is not None else None
 
     def refresh(self) -> JobInfo:
         """Read the job again; returns (and keeps) the new :class:`JobInfo`."""

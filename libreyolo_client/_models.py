@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "TERMINAL_STATUSES"]
+__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "Preflight",
+           "PreflightActual", "TuneReport", "TuneRow", "TERMINAL_STATUSES"]
 
 #: statuses a job never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -45,6 +46,8 @@ class JobInfo(_Model):
     max_attempts: int = 1
     cancel_requested: bool = False
     time_budget_s: float | None = None
+    #: a tune job's options (repeat, warmup, steps, max_candidates, budget_s, min_gain)
+    tune: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
@@ -130,3 +133,105 @@ class Model(_Model):
     def model_name(self) -> str:
         """``<family>-<size>``, e.g. ``yolo9-t``."""
         return f"{self.family}-{self.size}"
+
+
+class TuneRow(_Model):
+    """One configuration a tune job profiled (the baseline or a candidate).
+
+    ``params``: the training keys it changes; ``img_per_s`` (mean), ``img_per_s_std``
+    (population std) and ``n`` over its trials; ``step_ms``; ``verdict``; ``significant``
+    (``profile compare``: beyond 2 x the combined standard error; ``None`` for the
+    baseline); ``gain`` (relative img/s gain, 0.5 = +50 %); ``recommendable`` (significant,
+    at least ``min_gain``, every trial faster, not explained by the machine's load);
+    ``note`` (why, in words); ``side_effect`` (what it changes besides speed);
+    ``epoch_s`` (expected epoch time, seconds).
+    """
+
+    name: str
+    label: str = ""
+    params: dict[str, Any] = {}
+    img_per_s: float | None = None
+    img_per_s_std: float | None = None
+    n: int | None = None
+    step_ms: float | None = None
+    verdict: str | None = None
+    significant: bool | None = None
+    gain: float | None = None
+    recommendable: bool = False
+    note: str | None = None
+    side_effect: str | None = None
+    epoch_s: float | None = None
+
+
+class TuneReport(_Model):
+    """A tune job's result (``result["tune"]``, the job's ``tune.json``).
+
+    ``status``: ``complete``, ``budget`` (the time budget stopped it) or ``cancelled``;
+    ``answer``: the recommendation or ``"no significant lever on this device: ..."``;
+    ``recommended``: the row recommended, or ``None``; ``recommended_params``: the whole
+    parameter set to train with (the baseline's keys with the recommended changes), e.g.
+    ``c.train(model, data, **report.recommended_params)``; ``expected_epoch_s`` with it and
+    ``baseline_epoch_s``; ``also``: faster levers that change the training.
+    """
+
+    status: str
+    answer: str = ""
+    device: str | None = None
+    verdict: str | None = None
+    baseline: TuneRow | None = None
+    candidates: list[TuneRow] = []
+    recommended: TuneRow | None = None
+    recommended_params: dict[str, Any] = {}
+    expected_epoch_s: float | None = None
+    baseline_epoch_s: float | None = None
+    also: list[str] = []
+    notes: list[str] = []
+    trials_run: int = 0
+    elapsed_s: float | None = None
+
+    @property
+    def rows(self) -> list[TuneRow]:
+        """The baseline, then every candidate."""
+        return ([self.baseline] if self.baseline else []) + list(self.candidates)
+
+
+class PreflightActual(_Model):
+    """What the run took, beside the estimate (seconds): completed ``epochs``, mean
+    ``epoch_time_s``, ``first_epoch_s``, ``train_s`` and ``val_s`` sums, mean
+    ``val_time_s``, the engine's ``wall_s``."""
+
+    epochs: int = 0
+    epoch_time_s: float | None = None
+    first_epoch_s: float | None = None
+    train_s: float | None = None
+    val_s: float | None = None
+    val_time_s: float | None = None
+    wall_s: float | None = None
+
+
+class Preflight(_Model):
+    """A train job's preflight estimate (``result["preflight"]``; seconds, MiB).
+
+    ``img_per_s``, ``step_ms``, ``epoch_s`` (one epoch's training), ``val_s`` (one
+    validation), ``total_s`` (the whole run: the ETA at its start), ``peak_memory_mb`` with
+    ``memory_kind``, ``cost`` in ``currency`` when the service has a GPU-hour price (a GPU
+    job), ``phases`` (with and without mosaic), ``notes``; ``actual`` once the run ended.
+    """
+
+    img_per_s: float
+    step_ms: float | None = None
+    epoch_s: float
+    val_s: float | None = None
+    total_s: float
+    epochs: int = 0
+    validations: int = 0
+    steps_per_epoch: int | None = None
+    peak_memory_mb: float | None = None
+    memory_kind: str | None = None
+    device: str | None = None
+    gpu_hours: float | None = None
+    cost: float | None = None
+    currency: str | None = None
+    phases: list[dict[str, Any]] = []
+    notes: list[str] = []
+    actual: PreflightActual | None = None

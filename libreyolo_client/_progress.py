@@ -23,9 +23,15 @@ def format_bytes(n: float) -> str:
 def progress_text(d: dict) -> str:
     """One line for a ``progress`` event: ``epoch 2/10  step 5/8  eta 40s`` while
     training, ``epoch 2/10  validating 3/4`` while validating, ``profile window step 7/25
-    (5 warm-up + 20 measured)  eta 9s`` in a profile job."""
+    (5 warm-up + 20 measured)  eta 9s`` in a profile job, ``tuning cache=ram (candidate 2
+    of 4)  trial 1/3  7/15 trials done  eta 60s`` in a tune job."""
     eta = d.get("eta_s")
     eta_s = f"  eta {eta:.0f}s" if isinstance(eta, int | float) else ""
+    if d.get("phase") == "tuning":
+        i = d.get("candidate_index") or 0
+        where = "baseline" if i == 0 else f"{d.get('candidate')} (candidate {i} of {d.get('candidates')})"
+        return (f"tuning {where}  trial {d.get('trial')}/{d.get('trials')}  "
+                f"{d.get('trials_done') or 0}/{d.get('trials_planned')} trials done{eta_s}")
     if d.get("phase") == "profiling":
         window = (f" ({d.get('warmup')} warm-up + {d.get('measured')} measured)"
                   if d.get("warmup") is not None else "")
@@ -100,6 +106,15 @@ class EventPrinter:
             self._live = True
         elif name == "profile":
             self._line(f"profile verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+        elif name == "preflight":
+            self._line(f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
+                       f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s")
+        elif name == "tune_candidate":
+            sig = {True: "significant", False: "not significant"}.get(d.get("significant"), "no call")
+            self._line(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, {sig}"
+                       + (", recommendable" if d.get("recommendable") else ""))
+        elif name == "tune":
+            self._line(f"tune: {d.get('answer')}")
         elif ev.kind == "log" and self.logs:
             for ln in d.get("lines") or []:
                 self._line(ln)

@@ -25,7 +25,7 @@ from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, Va
 from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import format_bytes, format_metrics, progress_text
 
-__all__ = ["jobs_app", "parse_params"]
+__all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text"]
 
 jobs_app = typer.Typer(help="submit and follow jobs on a service (the SDK in a terminal)",
                        no_args_is_help=True, pretty_exceptions_enable=False)
@@ -112,12 +112,15 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def _summary(info: JobInfo) -> str:
     p = info.progress or {}
-    if info.status in ("running", "cancelling") and (p.get("epoch") or p.get("phase") == "profiling"):
+    if info.status in ("running", "cancelling") and (p.get("epoch") or p.get("phase") in ("profiling",
+                                                                                      "tuning")):
         return progress_text(p)
     if info.status in ("running", "cancelling"):
         return "starting (setting up the run)"
     if info.status == "succeeded":
         res = info.result or {}
+        if res.get("answer"):  # a tune job
+            return str(res["answer"])
         if res.get("verdict"):
             return f"verdict {res['verdict']}"
         return format_metrics(res.get("metrics"), ("mAP50-95",))
@@ -179,6 +182,17 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                                   f"{format_metrics(d.get('metrics'))}")
             elif name == "profile":
                 bar.console.print(f"verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+            elif name == "progress" and d.get("phase") == "tuning" and d.get("trials_planned"):
+                bar.update(task, total=int(d["trials_planned"]),
+                           completed=int(d.get("trials_done") or 0),
+                           detail=progress_text(d).replace("  ", " "))
+            elif name == "tune_candidate":
+                sig = {True: "significant", False: "not significant"}.get(d.get("significant"),
+                                                                          "no call")
+                bar.console.print(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, "
+                                  f"{sig}" + (", recommendable" if d.get("recommendable") else ""))
+            elif name == "preflight":
+                bar.console.print(preflight_text(d))
             elif ev.kind == "log" and logs:
                 for ln in d.get("lines") or []:
                     bar.console.print(ln, markup=False, highlight=False)
@@ -191,9 +205,52 @@ def _print_final(info: JobInfo) -> None:
     line = f"{info.id}: {info.status}"
     if res.get("metrics"):
         line += "  " + format_metrics(res["metrics"])
-    if res.get("verdict"):
+    if res.get("verdict") and not res.get("tune"):
         line += f"  verdict {res['verdict']}: {res.get('bound_why') or ''}"
     typer.echo(line)
+    if isinstance(res.get("tune"), dict):
+        typer.echo(tune_table(res["tune"]))
+    if isinstance(res.get("preflight"), dict):
+        typer.echo(preflight_text(res["preflight"]))
+
+
+def tune_table(tune: dict[str, Any]) -> str:
+    """A tune result as a text table (one row per configuration), then its answer."""
+    from libreyolo_client._models import TuneReport
+
+    t = TuneReport.model_validate(tune)
+    out = [f"{'configuration':32s} {'img/s (mean ± std, n)':>22s} {'step ms':>8s} "
+           f"{'verdict':>12s} {'signif.':>8s} {'gain':>6s}"]
+    for r in t.rows:
+        ips = "—" if r.img_per_s is None else f"{r.img_per_s:.1f} ± {r.img_per_s_std or 0:.1f} ({r.n})"
+        sig = "—" if r.name == "baseline" or r.significant is None else ("yes" if r.significant else "no")
+        gain = "—" if r.gain is None else f"{100 * r.gain:+.0f}%"
+        step = "—" if r.step_ms is None else f"{r.step_ms:.0f}"
+        mark = " *" if t.recommended and r.name == t.recommended.name else ""
+        out.append(f"{(r.label or r.name)[:32]:32s} {ips:>22s} {step:>8s} {r.verdict or '—':>12s} "
+                   f"{sig:>8s} {gain:>6s}{mark}")
+    out.append(f"answer:   {t.answer}")
+    if t.expected_epoch_s is not None:
+        out.append(f"epoch:    {t.expected_epoch_s:.1f} s expected (baseline "
+                   f"{t.baseline_epoch_s or 0:.1f} s)")
+    if t.recommended_params:
+        out.append("train with: " + " ".join(f"{k}={v}" for k, v in t.recommended_params.items()))
+    return "\n".join(out)
+
+
+def preflight_text(pf: dict[str, Any]) -> str:
+    """A preflight estimate (and the actual times once the run ended) in two lines."""
+    from libreyolo_client._models import Preflight
+
+    p = Preflight.model_validate(pf)
+    text = (f"preflight: {p.img_per_s:.1f} img/s, epoch {p.epoch_s:.1f} s, total {p.total_s:.0f} s"
+            + (f", peak memory {p.peak_memory_mb:,.0f} MiB ({p.memory_kind})"
+               if p.peak_memory_mb is not None else "")
+            + (f", cost {p.cost:.2f} {p.currency}" if p.cost is not None else ""))
+    if p.actual is not None and p.actual.epoch_time_s is not None:
+        text += (f"\nactual:    epoch {p.actual.epoch_time_s:.1f} s (mean of {p.actual.epochs}), "
+                 f"engine {p.actual.wall_s or 0:.0f} s")
+    return text
 
 
 @jobs_app.command("submit")
@@ -203,19 +260,37 @@ def submit(
     params: Annotated[list[str] | None, typer.Argument(
         help="training keys as key=value, e.g. epochs=10 imgsz=320 batch=16")] = None,
     model: Annotated[str, typer.Option("--model", "-m", help="e.g. yolo9-t")] = "yolo9-t",
-    kind: Annotated[str, typer.Option(help="train or profile")] = "train",
+    kind: Annotated[str, typer.Option(help="train, profile or tune")] = "train",
     gpus: Annotated[int | None, typer.Option(help="0 (CPU), 1, 2, 4 or 8")] = None,
     procs: Annotated[int, typer.Option(help="CPU ranks of a --gpus 0 job (DDP over Gloo)")] = 1,
     priority: Annotated[int, typer.Option(help="0..9")] = 0,
     time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f",
                                           help="follow with a progress bar until done")] = False,
+    repeat: Annotated[int | None, typer.Option(help="tune: trials per configuration")] = None,
+    steps: Annotated[int | None, typer.Option(help="tune: measured steps per trial")] = None,
+    warmup: Annotated[int | None, typer.Option(help="tune: discarded steps per trial")] = None,
+    max_candidates: Annotated[int | None, typer.Option(
+        help="tune: configurations tried besides the baseline")] = None,
+    budget_s: Annotated[float | None, typer.Option(help="tune: time budget, s")] = None,
+    min_gain: Annotated[float | None, typer.Option(
+        help="tune: smallest gain recommended (0.05 = 5%)")] = None,
 ) -> None:
-    """Submit a job and print its id (with -f: follow it to the end)."""
+    """Submit a job and print its id (with -f: follow it to the end). ``--kind tune`` takes
+    the tune options (--repeat, --steps, --warmup, --max-candidates, --budget-s,
+    --min-gain); ``preflight=true`` asks a train job for its estimate first."""
+    options = {k: v for k, v in (("repeat", repeat), ("steps", steps), ("warmup", warmup),
+                                 ("max_candidates", max_candidates), ("budget_s", budget_s),
+                                 ("min_gain", min_gain)) if v is not None}
+    if options and kind != "tune":
+        typer.secho(f"error: --{next(iter(options)).replace('_', '-')} is a tune option: use it "
+                    "with --kind tune", fg="red", err=True)
+        raise typer.Exit(2)
     with _client() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
         job = c.submit(kind, model, data, gpus=gpus, procs=procs, priority=priority,
-                       time_budget_s=time_budget_s, params=parse_params(params or []))
+                       time_budget_s=time_budget_s, params=parse_params(params or []),
+                       tune=options if kind == "tune" else None)
         typer.echo(job.id)
         for text in job.info.warnings:
             typer.echo(f"warning: {text}", err=True)
@@ -227,7 +302,7 @@ def submit(
 @jobs_app.command("list")
 def list_jobs(
     status: Annotated[str | None, typer.Option(help="e.g. running or queued,running")] = None,
-    kind: Annotated[str | None, typer.Option(help="train or profile")] = None,
+    kind: Annotated[str | None, typer.Option(help="train, profile or tune")] = None,
     limit: Annotated[int, typer.Option(help="at most this many")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
 ) -> None:
@@ -278,7 +353,9 @@ def show(
         if i.duration_s is not None:
             typer.echo(f"duration: {i.duration_s:.1f} s")
         res = i.result or {}
-        if i.status == "succeeded":
+        if isinstance(res.get("tune"), dict):
+            typer.echo(tune_table(res["tune"]))
+        elif i.status == "succeeded":
             typer.echo(f"best:     epoch {res.get('best_epoch')}  "
                        f"{format_metrics(res.get('metrics'))}")
             if res.get("verdict"):
@@ -290,6 +367,9 @@ def show(
                                f"{lever.get('why') or ''}")
                     for tip in lever.get("also") or []:
                         typer.echo(f"          also: {tip}")
+        pf = res.get("preflight") or (i.progress or {}).get("preflight")
+        if isinstance(pf, dict) and pf.get("total_s") is not None:
+            typer.echo(preflight_text(pf))
         if i.error:
             typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
             if i.error.get("engine_error"):

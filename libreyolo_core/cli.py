@@ -4,10 +4,11 @@ Commands: ``train``, ``val``, ``predict``, ``profile``, ``cfg``, ``checks``, ``i
 ``version``; ``libreyolo help [COMMAND]`` and ``COMMAND --help`` print their help
 (:mod:`libreyolo_core.cli_help`).
 ``--key value`` works like ``key=value``; ``train spec=job.json`` reads a job spec written
-by the service's worker.
+by the service's worker (``kind`` train, profile or tune).
 
 Exit codes: 0 ok; 1 runtime error; 2 usage or config error (unknown key, bad value);
-3 data error; 4 model / checkpoint error; 143 interrupted by SIGTERM (``last.pt`` saved).
+3 data error; 4 model / checkpoint error; 143 interrupted by SIGTERM (``last.pt`` saved; a
+tune: ``tune.json`` written).
 """
 
 from __future__ import annotations
@@ -126,8 +127,14 @@ def cmd_train(keys: dict[str, Any]) -> int:
         spec_path = Path(keys.pop("spec"))
         spec = json.loads(spec_path.read_text(encoding="utf-8"))
         kind = spec.get("kind", "train")
-        if kind not in ("train", "profile"):
-            raise UsageError(f"{spec_path}: kind {kind!r} is not one of train, profile")
+        if kind not in ("train", "profile", "tune"):
+            raise UsageError(f"{spec_path}: kind {kind!r} is not one of train, profile, tune")
+        if kind == "tune":  # several profile trials in this process (profiler/tune.py)
+            from libreyolo_core.profiler.tune import run_spec
+
+            if keys:
+                raise UsageError(f"a tune spec takes no other keys: {', '.join(keys)}")
+            return run_spec(spec)
         merged = {**spec.get("params", {})}
         if kind == "profile":  # a window of real steps with augmentation on, then stop
             merged = {"no_aug_epochs": 0, "val": False, **merged, "profile": True,
@@ -361,12 +368,20 @@ def _exit_for(exc: Exception) -> int:
     from libreyolo_core.engine.checkpoint import CheckpointError
     from libreyolo_core.profiler import ProfileWindowError
 
+    if type(exc).__name__ == "TuneInterrupted":
+        where = f"; what was measured is in {exc.path}" if getattr(exc, "path", None) else ""
+        print(f"tune interrupted ({exc}){where}", file=sys.stderr)
+        return EXIT_SIGTERM
     interrupted = type(exc).__name__ == "TrainingInterrupted"
     if interrupted and int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
         return EXIT_SIGTERM
     if interrupted:
-        last = getattr(exc, "last_checkpoint", None) or "path/to/last.pt"
-        print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
+        last = getattr(exc, "last_checkpoint", None)
+        if last is None:  # stopped before training began (during a preflight)
+            print(f"interrupted ({exc}): stopped before the first epoch, nothing saved",
+                  file=sys.stderr)
+        else:
+            print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):

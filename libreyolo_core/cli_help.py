@@ -36,6 +36,7 @@ COMMAND_HELP: dict[str, CommandHelp] = {
         ("libreyolo train model=yolo9-t data=coco128.yaml epochs=10 imgsz=320",
          "libreyolo train data=my.yaml epochs=100 batch=32 device=0",
          "libreyolo train resume=runs/train/exp/weights/last.pt",
+         "libreyolo train data=my.yaml epochs=100 preflight=True   # estimate the run first",
          "torchrun --nproc_per_node=2 -m libreyolo_core.cli train data=my.yaml batch=32")),
     "val": CommandHelp(
         "measure precision, recall, mAP50 and mAP50-95 of a model on a dataset split",
@@ -60,6 +61,8 @@ COMMAND_HELP: dict[str, CommandHelp] = {
     "profile": CommandHelp(
         "profile a short training window: time per phase, a verdict and the lever to try",
         (("run DATA", "profile a window of training steps: --model, --imgsz, --batch, --workers"),
+         ("tune DATA", "profile, try the levers the verdict names (--repeat trials each), "
+                       "recommend only gains beyond noise"),
          ("summary", "verdict, lever and the figures of a profile.json"),
          ("phases|kernels|ops", "tables of one profile"),
          ("get FIELD", "one figure, for scripts"),
@@ -118,7 +121,7 @@ def command_help(command: str) -> str:
     """
     h = COMMAND_HELP[command]
     if command == "profile":
-        usage = ("usage: libreyolo profile {run|summary|phases|kernels|ops|get|compare} "
+        usage = ("usage: libreyolo profile {run|tune|summary|phases|kernels|ops|get|compare} "
                  "--flag value ...   (`libreyolo profile run --help`: every flag)")
     else:
         usage = f"usage: libreyolo {command} key=value ..."

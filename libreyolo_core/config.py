@@ -129,6 +129,10 @@ class TrainConfig(BaseModel):
     profile_steps: int = Field(20, ge=2, le=10_000, description="profile: steps measured")
     profile_trace: bool = Field(True, description="profile: record a torch.profiler trace")
     profile_open: bool = Field(False, description="profile: open timeline.html when done")
+    preflight: bool = Field(
+        False, description="before training, profile a short window of this configuration and "
+        "estimate img/s, epoch time, total time (ETA) and peak memory; the cost too with "
+        "LIBREYOLO_GPU_HOUR_PRICE")
     # -- validation ------------------------------------------------------------------
     val: bool = Field(True, description="validate during training")
     eval_interval: int = Field(1, ge=1, description="validate every N epochs (and the last)")
@@ -259,6 +263,9 @@ class TrainConfig(BaseModel):
             )
         if self.profile_then_stop and not self.profile:
             raise ValueError("profile_then_stop=True needs profile=True")
+        if self.preflight and self.profile_then_stop:
+            raise ValueError("preflight=True estimates a training run; a profile-only run "
+                             "(profile_then_stop=True) has nothing to estimate")
         return self
 
 

@@ -180,10 +180,11 @@ class LibreYOLO:
             self.model, self.nc = fresh, len(names)
         self.names = dict(names)
         devices = parse_devices(cfg.device)
+        preflight = self._preflight(cfg, devices, resumed is not None)
         if len(devices) > 1 and torchrun_env() is None:
             result = self._train_spawned(cfg, devices, callbacks)
         else:
-            trainer = Trainer(cfg, model=self.model, callbacks=callbacks)
+            trainer = Trainer(cfg, model=self.model, callbacks=callbacks, preflight=preflight)
             result = trainer.train()
             self.model = unwrap(trainer.model)
         best = Path(result["best_checkpoint"])
@@ -193,6 +194,27 @@ class LibreYOLO:
         self.imgsz = cfg.imgsz
         self.model.eval()
         return result
+
+    def _preflight(self, cfg: Any, devices: list[str], resumed: bool) -> Any:
+        """The preflight estimate of ``cfg`` when it asks for one (``preflight=True``): one
+        short profile trial of this model on one device before training
+        (:func:`~libreyolo_core.profiler.preflight.run_preflight`). ``None`` without
+        ``preflight``, for a resumed run (its earlier attempt had one) and with several
+        devices or ranks (the estimate is for one device: logged)."""
+        if not cfg.preflight:
+            return None
+        if resumed:
+            log.info("preflight: skipped for a resumed run")
+            return None
+        env = torchrun_env()
+        if len(devices) > 1 or (env is not None and env[2] > 1):
+            log.warning("preflight: skipped; it estimates a run on one device, not %s",
+                        f"{env[2]} ranks" if env is not None else f"{len(devices)} devices")
+            return None
+        from libreyolo_core.profiler.preflight import run_preflight
+
+        model = str(self.checkpoint) if self.checkpoint is not None else self.name
+        return run_preflight(model, cfg)  # raises TrainingInterrupted on SIGTERM
 
     def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
         """The spawn path: autobatch in this process, then one DDP worker per device

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
         "job.json path, '{nproc}' by the rank count. For tests and custom engines."
     )
     log_tail_lines: int = Field(40, ge=1, description="log lines kept in a failed job's error")
+    gpu_hour_price: float | None = Field(
+        None, gt=0, description="price of one GPU hour: a train job's preflight estimate "
+        "gives its cost (the worker passes it to the engine as LIBREYOLO_GPU_HOUR_PRICE)")
+    currency: str = Field("USD", min_length=1, max_length=8,
+                          description="currency of gpu_hour_price")
 
     @model_validator(mode="before")
     @classmethod

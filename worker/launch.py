@@ -66,14 +66,19 @@ def build_env(gpu_ids: Sequence[str] | None, gpus: int,
 
 
 def job_spec(*, kind: str, model: str, data: str, params: Mapping[str, Any], gpus: int,
-             job_dir: Path, resume: str | bool) -> dict[str, Any]:
+             job_dir: Path, resume: str | bool,
+             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``job.json`` contract: the engine's run dir is ``<job dir>/run``.
 
     A CPU job gets ``params.device = "cpu"``; GPU jobs keep the engine's ``auto``
-    (ranks pick ``local_rank`` among ``CUDA_VISIBLE_DEVICES``).
+    (ranks pick ``local_rank`` among ``CUDA_VISIBLE_DEVICES``). A tune job's options go in
+    ``tune`` (the engine's ``TuneOptions``).
     """
     p = dict(params)
     if gpus == 0:
         p["device"] = "cpu"
-    return {"kind": kind, "model": model, "data": data, "params": p, "project": str(job_dir),
+    spec = {"kind": kind, "model": model, "data": data, "params": p, "project": str(job_dir),
             "name": "run", "exist_ok": True, "resume": resume}
+    if kind == "tune":
+        spec["tune"] = dict(options or {})
+    return spec

@@ -20,6 +20,7 @@ SIGKILLed as a tree, and the engine's process group with it.
 from __future__ import annotations
 
 import contextlib
+import csv
 import ctypes
 import json
 import logging
@@ -38,6 +39,7 @@ import psutil
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
 from service.db.models import ACTIVE, TERMINAL, Artifact, Job, utcnow
 from service.ops import EventIn, append_events, transition
 from service.scheduler import claim, wake_targets
@@ -57,7 +59,12 @@ EXIT_REASONS = {
 #: What the engine writes when it fails (``$LIBREYOLO_ERROR_FILE``): its exit code and
 #: error line, which a torchrun launcher (always exit 1) would hide.
 ENGINE_ERROR_FILE = "engine_error.json"
-METRIC_EVENTS = {"epoch_start", "progress", "epoch_end", "profile"}
+METRIC_EVENTS = {"epoch_start", "progress", "epoch_end", "profile", "preflight", "tune_candidate",
+                 "tune"}
+#: The preflight figures kept in a job's ``progress`` (the page and the SDK show them while
+#: the run goes on; the whole estimate is the result's ``preflight``).
+PREFLIGHT_PROGRESS = ("img_per_s", "epoch_s", "val_s", "total_s", "epochs", "peak_memory_mb",
+                      "memory_kind", "cost", "currency", "device")
 MAX_LOG_LINES_PER_EVENT = 500
 MAX_READ_BYTES = 4 << 20
 
@@ -174,6 +181,7 @@ class _Run:
         self.progress: dict[str, Any] = dict(job.progress or {})
         self.run_end: dict[str, Any] | None = None
         self.profile: dict[str, Any] | None = None
+        self.kind = job.kind
         self.artifact_kinds: dict[str, str] = {}
         self.log_tail: list[str] = []
 
@@ -241,13 +249,18 @@ class _Run:
     def _observe(self, name: str, ev: dict[str, Any]) -> None:
         if name in ("progress", "epoch_start"):
             for k in ("phase", "epoch", "epochs", "step", "steps", "val_batch", "val_batches",
-                      "warmup", "measured", "eta_s", "img_per_s", "losses"):
+                      "warmup", "measured", "eta_s", "img_per_s", "losses", "candidate",
+                      "candidate_index", "candidates", "trial", "trials", "trials_done",
+                      "trials_planned"):
                 if k in ev:
                     self.progress[k] = ev[k]
+        elif name == "preflight":
+            self.progress["preflight"] = {k: ev.get(k) for k in PREFLIGHT_PROGRESS}
         elif name == "epoch_end":
             for k in ("phase", "val_batch", "val_batches"):  # the epoch's phases are over
                 self.progress.pop(k, None)
-            for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness"):
+            for k in ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness",
+                      "eta_s"):
                 if k in ev:
                     self.progress[k] = ev[k]
             if "epoch" in ev:  # kept in progress so that a resumed attempt still knows it
@@ -325,7 +338,54 @@ class _Run:
             result["bound_why"] = prof.get("bound_why")
             result["lever"] = prof.get("lever")
             result["profile"] = prof
+        preflight = _read_json(self.run_dir / "preflight.json")
+        if preflight is not None:
+            preflight.pop("trial_dir", None)
+            result["preflight"] = {**preflight, "actual": _actual_timing(self.run_dir, end)}
+        if self.kind == "tune":
+            tune = _read_json(self.run_dir / "tune.json")
+            if tune is not None:
+                result.update(tune=tune, answer=tune.get("answer"),
+                              recommended_params=tune.get("recommended_params"))
         return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; ``None`` when missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _actual_timing(run_dir: Path, run_end: dict[str, Any]) -> dict[str, Any]:
+    """What the run took, seconds, beside its preflight estimate: from ``results.csv`` (every
+    completed epoch, earlier attempts included) ``epochs``, ``epoch_time_s`` (mean training
+    time of an epoch), ``first_epoch_s``, ``train_s``, ``val_s`` (sums) and ``val_time_s``
+    (mean of the validated epochs); ``wall_s`` of the engine's last attempt (``run_end``)."""
+    rows: list[dict[str, str]] = []
+    with contextlib.suppress(OSError, csv.Error):
+        with open(run_dir / "results.csv", encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+
+    def floats(key: str, only_validated: bool = False) -> list[float]:
+        out = []
+        for r in rows:
+            if only_validated and r.get("validated") not in ("1", "True", "true"):
+                continue
+            with contextlib.suppress(TypeError, ValueError):
+                out.append(float(r[key]))
+        return out
+
+    train, val = floats("epoch_time_s"), floats("val_time_s", only_validated=True)
+    timing = (run_end or {}).get("timing") or {}
+    return {"epochs": len(train),
+            "epoch_time_s": round(sum(train) / len(train), 3) if train else None,
+            "first_epoch_s": train[0] if train else None,
+            "train_s": round(sum(train), 3), "val_s": round(sum(val), 3),
+            "val_time_s": round(sum(val) / len(val), 3) if val else None,
+            "wall_s": timing.get("wall_s")}
 
 
 def _claim(sessions: sessionmaker[Session], settings: Settings, worker_id: str, *,
@@ -449,7 +509,7 @@ def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
-                    gpus=job.gpus, job_dir=run.job_dir, resume=resume)
+                    gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options)
     spec_path = run.job_dir / "job.json"
     tmp = spec_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(spec, indent=2))
@@ -459,6 +519,8 @@ def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
     error_file = run.job_dir / ENGINE_ERROR_FILE
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
+    if settings.gpu_hour_price is not None:  # a preflight's cost estimate
+        env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     log.info("job %s attempt %d: %s", job_id, job.attempt, " ".join(argv))
     with open(store.log_path(job_id), "ab") as logf:
         try:

@@ -62,6 +62,8 @@ from libreyolo_core.engine.checkpoint import (
 )
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
+from libreyolo_core.engine.eta import eta as estimate_eta
+from libreyolo_core.engine.eta import validations_left
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.freeze import freeze_modules, keep_frozen_eval
 from libreyolo_core.engine.nonfinite import BatchNormGuard, describe_nonfinite, grads_finite
@@ -121,6 +123,11 @@ class Trainer:
             ``None`` builds one from the registry.
         callbacks: ``{event: [fn(trainer), ...]}`` for ``on_train_start``,
             ``on_epoch_end``, ``on_train_end`` (called on rank 0 only).
+        preflight: the run's preflight estimate
+            (:class:`~libreyolo_core.profiler.preflight.PreflightEstimate`), measured before
+            this trainer by :meth:`LibreYOLO.train`; it is written into the run directory
+            (``preflight.json``, the trial's files under ``preflight/``), announced as a
+            ``preflight`` event, and its validation time seeds the ETA until one ran.
 
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
@@ -136,6 +143,7 @@ class Trainer:
         cfg: TrainConfig,
         model: nn.Module | None = None,
         callbacks: dict[str, list[Callable[[Trainer], None]]] | None = None,
+        preflight: Any = None,
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
@@ -170,6 +178,10 @@ class Trainer:
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
         self._owns_process_group = False
         self._stop_agreed = False  # under DDP: every rank knows a stop was requested
+        self.preflight = preflight
+        self._train_s: list[float] = []  # training seconds of each completed epoch (ETA)
+        self._val_s: list[float] = []  # seconds of each completed validation (ETA)
+        self._t_train_start = 0.0
 
     # -- callbacks / signals ------------------------------------------------------------
     def _fire(self, event: str) -> None:
@@ -189,12 +201,18 @@ class Trainer:
         return self._stop_agreed if self.dist.enabled else self.stop_requested
 
     def _install_sigterm(self):
+        """SIGTERM requests a stop (main thread only). A Python handler it replaces is called
+        too: a caller running this trainer inside a longer job (a tune's trials, a
+        preflight) learns of the stop even when it lands after the profile window."""
         if threading.current_thread() is not threading.main_thread():
             return None
+        outer = signal.getsignal(signal.SIGTERM)
 
-        def handler(signum, frame):  # noqa: ARG001
+        def handler(signum, frame):
             log.warning("SIGTERM received: finishing the current step, then saving last.pt")
             self.request_stop("SIGTERM")
+            if callable(outer):
+                outer(signum, frame)
 
         return signal.signal(signal.SIGTERM, handler)
 
@@ -406,6 +424,9 @@ class Trainer:
         self.best_metrics = dict(ckpt.get("best_metrics", {}))
         self.nonfinite_skipped = int(ckpt.get("nonfinite_skipped", 0))
         self.history = [r for r in ckpt.get("history", []) if r["epoch"] <= self.start_epoch]
+        self._train_s = [float(r["epoch_time_s"]) for r in self.history if r.get("epoch_time_s")]
+        self._val_s = [float(r["val_time_s"]) for r in self.history
+                       if r.get("validated") and r.get("val_time_s")]
         if self.start_epoch >= self.cfg.epochs:
             log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
                         "epochs= to train longer)", self._resume_path, self.cfg.epochs)
@@ -480,6 +501,7 @@ class Trainer:
         """Run the whole schedule; returns the final metrics (see :meth:`_result`)."""
         previous = self._install_sigterm()
         status, error = "failed", None
+        self._t_train_start = time.perf_counter()
         try:
             self._setup()
             self.events.emit("run_start", config=self.cfg.model_dump(mode="json"),
@@ -487,6 +509,8 @@ class Trainer:
                              device=str(self.device), amp=self.amp.name,
                              world_size=self.dist.world_size, batch=self.batch)
             self._print_header()
+            if self.preflight is not None and self.dist.is_main:
+                self._record_preflight()
             self._fire("on_train_start")
             status = self._loop()
             return self._result()
@@ -506,7 +530,7 @@ class Trainer:
                 self.events.emit("run_end", status=status, best_epoch=self.best_epoch,
                                  metrics=self.best_metrics or self.metrics, error=error,
                                  names=getattr(self, "names", None),
-                                 nonfinite_skipped=self.nonfinite_skipped)
+                                 nonfinite_skipped=self.nonfinite_skipped, timing=self.timing())
                 self.events.close()
             self._fire("on_train_end")
             if self._owns_process_group:
@@ -535,8 +559,13 @@ class Trainer:
             validate_now = cfg.val and self.val_loader is not None and (
                 (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs
             )
+            val_time = 0.0
             if validate_now:
+                t_val = time.perf_counter()
                 self.metrics = self._validate()
+                val_time = time.perf_counter() - t_val
+                self._val_s.append(val_time)
+            self._train_s.append(epoch_time)
             fit = fitness(self.metrics) if validate_now else float("nan")
             is_best = validate_now and fit > self.best_fitness or (not cfg.val and epoch + 1 == cfg.epochs)
             if is_best:
@@ -546,6 +575,7 @@ class Trainer:
             elif validate_now:
                 since_best += 1
             row = {"epoch": epoch + 1, "time": round(time.time(), 3), "epoch_time_s": round(epoch_time, 3),
+                   "val_time_s": round(val_time, 3),
                    **{f"train/{k}_loss": round(v, 6) for k, v in losses.items()},
                    **{f"metrics/{k}": round(self.metrics.get(k, float("nan")), 6)
                       for k in ("precision", "recall", "mAP50", "mAP50-95")},
@@ -558,7 +588,9 @@ class Trainer:
             self.events.emit("epoch_end", epoch=epoch + 1, epochs=cfg.epochs, losses=losses,
                              metrics={k: v for k, v in self.metrics.items() if k != "per_class_AP"}
                              if validate_now else {}, lr=lr, epoch_time_s=epoch_time,
-                             fitness=fit, is_best=is_best, mosaic=self.train_set.mosaic_enabled)
+                             val_time_s=val_time, fitness=fit, is_best=is_best,
+                             mosaic=self.train_set.mosaic_enabled,
+                             eta_s=round(self._eta(epoch + 1, 0, 1, 0.0).seconds, 1))
             self._print_epoch(epoch, losses, validate_now)
             self._fire("on_epoch_end")
             early = bool(cfg.patience and validate_now and since_best >= cfg.patience)
@@ -700,7 +732,7 @@ class Trainer:
                 elapsed = now - t_start
                 ips = images_seen / max(elapsed, 1e-9)
                 mean = self._mean_losses(sums, counted)
-                eta = (nb - i - 1) * elapsed / (i + 1) + (cfg.epochs - epoch - 1) * elapsed / (i + 1) * nb
+                eta = self._eta(epoch, i + 1, nb, elapsed).seconds
                 if progress is not None:
                     progress.set_postfix({**{k: f"{v:.3f}" for k, v in mean.items()}, "img/s": f"{ips:.1f}"})
                     progress.update(1)
@@ -779,6 +811,53 @@ class Trainer:
         if self.ema is not None:
             with prof.phase("ema") if prof is not None else _NULL:
                 self.ema.update(self.model)
+
+    def _eta(self, epoch: int, done: int, nb: int, elapsed: float):
+        """Time left (:func:`~libreyolo_core.engine.eta.eta`) at step ``done`` of ``nb`` of
+        epoch ``epoch`` (0-based); ``done == 0``: epoch ``epoch`` has not started."""
+        cfg = self.cfg
+        validates = bool(cfg.val and self.val_loader is not None)
+        after = cfg.epochs - epoch - (0 if done == 0 else 1)
+        estimate = getattr(self.preflight, "val_s", None)
+        return estimate_eta(step=done, steps=nb, elapsed_s=elapsed, epochs_after=after,
+                            validations=validations_left(epoch, cfg.epochs, cfg.eval_interval,
+                                                         validates),
+                            train_s=self._train_s, val_s=self._val_s, val_estimate_s=estimate)
+
+    def timing(self) -> dict[str, Any]:
+        """Where the run's time went, seconds: ``epochs`` completed, ``epoch_time_s`` (mean
+        training time of an epoch), ``train_s`` and ``val_s`` (sums over the completed
+        epochs, a resumed run's earlier ones included) and ``wall_s`` (this process, set-up
+        included)."""
+        n = len(self._train_s)
+        return {"epochs": n,
+                "epoch_time_s": round(sum(self._train_s) / n, 3) if n else None,
+                "train_s": round(sum(self._train_s), 3), "val_s": round(sum(self._val_s), 3),
+                "wall_s": round(time.perf_counter() - self._t_train_start, 3)
+                if self._t_train_start else None}
+
+    def _record_preflight(self) -> None:
+        """Move the preflight trial into ``<run>/preflight/``, write ``preflight.json`` and
+        emit the ``preflight`` event (rank 0)."""
+        pf = self.preflight
+        src = Path(pf.trial_dir) if pf.trial_dir else None
+        dst = self.run_dir / "preflight"
+        if src is not None and src.is_dir() and src.resolve() != dst.resolve():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.move(str(src), str(dst))
+            if src.parent.name.startswith("libreyolo-preflight-"):  # its temporary folder
+                with contextlib.suppress(OSError):
+                    src.parent.rmdir()
+            pf = pf.moved_to(dst)
+            self.preflight = pf
+        (self.run_dir / "preflight.json").write_text(pf.to_json(), encoding="utf-8")
+        self.events.emit("artifact", path="preflight.json", kind="preflight")
+        for name, kind in (("profile.json", "profile"), ("timeline.html", "timeline")):
+            if (dst / name).is_file():
+                self.events.emit("artifact", path=f"preflight/{name}", kind=kind)
+        self.events.emit("preflight", **pf.to_dict())
+        if self.dist.is_main:
+            print(pf.summary_line(), flush=True)
 
     def _finish_profile(self) -> None:
         """The profile window is over: write its artifacts, drop every hook, go on (or stop)."""
@@ -892,5 +971,7 @@ class Trainer:
             "names": self.names,  # class id -> name, the keys of per_class_AP
             "nonfinite_skipped": self.nonfinite_skipped,
             "amp_skipped": self.amp_skipped,
+            "timing": self.timing(),
             **({"profile": self.profile_summary} if self.profile_summary else {}),
+            **({"preflight": self.preflight.to_dict()} if self.preflight is not None else {}),
         }

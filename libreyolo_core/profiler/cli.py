@@ -1,8 +1,12 @@
-"""``libreyolo profile run|summary|phases|kernels|ops|get|compare`` (POSIX flags).
+"""``libreyolo profile run|tune|summary|phases|kernels|ops|get|compare`` (POSIX flags).
 
 Exit codes: 0 ok; 1 a trace that cannot be analysed; 2 usage error, missing file, unknown
 field or phase (the message lists the valid ones); 3 ``run`` produced no profile because the
-first epoch cannot hold the window (the message names the three ways out, with numbers).
+first epoch cannot hold the window (the message names the three ways out, with numbers);
+143 ``tune`` stopped by SIGTERM (``tune.json`` holds what was measured).
+
+``tune`` profiles the configuration ``--repeat`` times, tries the levers its verdict names
+and recommends one only when it beats the baseline beyond noise (:mod:`.tune`).
 
 ``run`` prints, besides the verdict, how sure it is: the spread of the window's steps and
 the machine's load (``confidence`` and ``load`` in ``profile.json``); ``compare`` puts both
@@ -207,6 +211,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- tune ----------------------------------------------------------------------------------
+def _set_keys(items: Sequence[str]) -> dict[str, Any]:
+    """``["mosaic=1.0", "cache=ram"]`` -> ``{"mosaic": "1.0", "cache": "ram"}`` (the schema
+    converts the values).
+
+    Raises:
+        ReaderError: an item without ``=`` (code 2).
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ReaderError(f"--set {item!r}: give a training key as KEY=VALUE (e.g. mosaic=0.5)")
+        out[key.strip().replace("-", "_")] = None if value.strip().lower() in ("none", "null") \
+            else value.strip()
+    return out
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Profile the configuration, try the levers of its verdict, recommend only real gains
+    (:func:`~.tune.run_tune`); exit 3 when one epoch cannot hold the window."""
+    from libreyolo_core.profiler.tune import TuneOptions, run_tune
+    from libreyolo_core.profiler.window import ProfileWindowError
+
+    try:
+        options = TuneOptions(repeat=args.repeat, warmup=args.warmup, steps=args.steps,
+                              max_candidates=args.max_candidates,
+                              budget_s=args.budget_s if args.budget_s > 0 else None,
+                              min_gain=args.min_gain)
+    except ValueError as exc:
+        raise ReaderError(str(exc)) from None
+    base = {"batch": args.batch, "imgsz": args.imgsz, "workers": args.workers, "amp": args.amp,
+            "device": args.device, **_set_keys(args.set or [])}
+    try:
+        res = run_tune(args.data, _model_name(args), run_dir=args.project,
+                       base={k: v for k, v in base.items() if v is not None}, options=options,
+                       stdout=sys.stderr if args.json else sys.stdout)
+    except ProfileWindowError as exc:
+        print(f"error: no tune: {exc}", file=sys.stderr)
+        return EXIT_NO_PROFILE
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"tune: {Path(args.project) / 'tune.json'}")
+    return EXIT_OK
+
+
 # -- readers -------------------------------------------------------------------------------
 def _emit(args: argparse.Namespace, data: Any, text: str) -> int:
     print(json.dumps(data, indent=1) if args.json else text)
@@ -338,6 +389,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--json", action="store_true")
 
+    t = sub.add_parser("tune", help="profile, try the levers the verdict names, recommend "
+                       "only gains beyond noise")
+    t.add_argument("data", help="dataset yaml")
+    t.add_argument("--weights", default=None, help="checkpoint to start from (overrides --model)")
+    t.add_argument("--model", default="yolo9-t", help="model name <family>-<size>")
+    t.add_argument("--size", default=None, help="size letter replacing the one in --model")
+    t.add_argument("--batch", type=int, default=None, help="default: the training default")
+    t.add_argument("--imgsz", type=int, default=None, help="default: the family's")
+    t.add_argument("--workers", type=int, default=None, help="default: the training default")
+    t.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None)
+    t.add_argument("--device", default=None, help="cpu, 0, cuda:0, auto (default: auto)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any other training key of the baseline (repeat: --set mosaic=1.0 "
+                   "--set cache=ram)")
+    t.add_argument("--repeat", type=int, default=3, help="trials per configuration (>= 2)")
+    t.add_argument("--steps", type=int, default=10, help="measured steps of each trial")
+    t.add_argument("--warmup", type=int, default=3, help="discarded steps of each trial")
+    t.add_argument("--max-candidates", type=int, default=6,
+                   help="configurations tried besides the baseline")
+    t.add_argument("--budget-s", type=float, default=1800.0,
+                   help="time budget in seconds; 0: none")
+    t.add_argument("--min-gain", type=float, default=0.05,
+                   help="smallest gain recommended, a fraction (0.05 = 5%%)")
+    t.add_argument("--project", default="runs/tune", help="folder of tune.json and the trials")
+    t.add_argument("--json", action="store_true", help="print tune.json (progress on stderr)")
+
     def reader(name: str, help_: str) -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_)
         s.add_argument("profile", help="profile.json, profile_repeat.json or profile_trace.json.gz")
@@ -388,6 +465,7 @@ def main(argv: Sequence[str]) -> int:
         "ops": lambda a: cmd_kernels(a, "ops"),
         "get": cmd_get,
         "compare": cmd_compare,
+        "tune": cmd_tune,
     }
     try:
         return handlers[args.command](args)

@@ -92,7 +92,7 @@ def trial_overrides(*, project: str | Path, name: str, warmup: int = 5, steps: i
                     epochs: int | None = None, **train_keys: Any) -> dict[str, Any]:
     """The ``train()`` keywords of a profile trial: the window, ``profile_then_stop``,
     ``no_aug_epochs=0`` (epoch 0 augments as real training does), no validation, no
-    browser; ``train_keys`` (batch, imgsz, workers, amp, device, ...) pass through, and
+    browser, no preflight; ``train_keys`` (batch, imgsz, workers, amp, device, ...) pass through, and
     ``None`` values are left out. ``epochs`` only shapes the LR schedule (default
     ``warmup + steps + 5``): the window stays inside the first epoch."""
     keys = {k: v for k, v in train_keys.items() if v is not None}
@@ -104,6 +104,7 @@ def trial_overrides(*, project: str | Path, name: str, warmup: int = 5, steps: i
         "profile_steps": steps,
         "profile_warmup": warmup,
         "profile_open": False,
+        "preflight": False,
         "no_aug_epochs": 0,
         "val": False,
         "project": str(project),

@@ -44,6 +44,7 @@ from service.api.schemas import (
     JobPublic,
     JobsPage,
     JobStatus,
+    TuneOptionsIn,
 )
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
@@ -81,6 +82,7 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         duration = (job.finished_at - job.started_at).total_seconds()
     out = JobPublic.model_validate(job)
     out.duration_s = duration
+    out.tune = job.options if job.kind == "tune" else None
     if session is not None and settings is not None:
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
@@ -123,10 +125,18 @@ def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> d
         raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
                       allowed=_allowed_values(exc.key)) from None
     world = gpus or body.procs
-    if (body.kind == "profile" or cfg.profile) and world > 1:
-        raise Problem(422, f"{'gpus' if gpus else 'procs'}: a profile job runs on one device (the "
-                      "training profiler does not run under DDP); use 1", field="gpus" if gpus else "procs",
-                      value=world, allowed=[1])
+    if (body.kind in ("profile", "tune") or cfg.profile) and world > 1:
+        raise Problem(422, f"{'gpus' if gpus else 'procs'}: a {body.kind if body.kind != 'train' else 'profile'} "
+                      "job runs on one device (the training profiler does not run under DDP); use 1",
+                      field="gpus" if gpus else "procs", value=world, allowed=[1])
+    if cfg.preflight and body.kind != "train":
+        raise Problem(422, f"params.preflight: a preflight estimates a training run; a {body.kind} "
+                      "job has none (submit kind train with params.preflight)",
+                      field="params.preflight", value=True, allowed=[False])
+    if cfg.preflight and world > 1:
+        raise Problem(422, f"params.preflight: the preflight profiles one device; this job has "
+                      f"{world} ranks ({'gpus' if gpus else 'procs'}={world})",
+                      field="params.preflight", value=True, allowed=[False])
     if cfg.batch > 0:
         try:
             per_rank_batch(cfg.batch, world)
@@ -281,7 +291,13 @@ def submit_job(
     store: StoreDep, request: Request, response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobPublic:
-    """Submit a training or profile job.
+    """Submit a training, profile or tune job.
+
+    A ``tune`` job profiles the configuration ``tune.repeat`` times, tries the levers its
+    verdict names (those that exist on the device) and recommends a parameter set only
+    when it beats the baseline beyond noise; its result holds the table
+    (``result.tune``). A train job with ``params.preflight`` first profiles a short window
+    and estimates img/s, epoch time, the total time and peak memory (``result.preflight``).
 
     ``model`` is a name (``yolo9-t``), one of your registered models (its id, ``m...``;
     see ``/v1/models``) or a checkpoint artifact of one of your earlier jobs,
@@ -308,6 +324,8 @@ def submit_job(
                       field="gpus")
     if gpus and body.procs != 1:
         raise Problem(422, "procs: only a CPU job (gpus=0) sets procs", field="procs")
+    if body.tune is not None and body.kind != "tune":
+        raise Problem(422, f"tune: tune options go with kind tune, not {body.kind}", field="tune")
     request_sha = hashlib.sha256(
         json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
     ).hexdigest()
@@ -329,7 +347,9 @@ def submit_job(
             raise Problem(409, warning, field="gpus", queue=queue_for(gpus))
         warnings.append(warning)
     now = utcnow()
+    options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
+              options=options,
               gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,
               queue=queue_for(gpus), status="queued", attempt=0,
               max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
@@ -377,7 +397,7 @@ def list_jobs(
     status: Annotated[list[JobStatus] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
-    kind: Annotated[JobKind | None, Query(description="only train or only profile jobs")] = None,
+    kind: Annotated[JobKind | None, Query(description="only jobs of this kind")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> JobsPage:

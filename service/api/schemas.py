@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "JobStatus", "JobKind", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
+    "JobStatus", "JobKind", "TuneOptionsIn", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
     "ArtifactsList", "DatasetRegister", "DatasetPublic", "DatasetsPage",
 ]
 
@@ -16,7 +16,26 @@ __all__ = [
 #: A job's status (the status machine of docs/architecture.md).
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 #: What a job does.
-JobKind = Literal["train", "profile"]
+JobKind = Literal["train", "profile", "tune"]
+
+
+class TuneOptionsIn(BaseModel):
+    """How hard a ``tune`` job looks (libreyolo_core.profiler.tune.TuneOptions; the same
+    defaults and bounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repeat: int = Field(3, ge=2, le=10, description="trials per configuration (significance "
+                        "needs 2)")
+    warmup: int = Field(3, ge=0, le=1000, description="discarded steps of each trial")
+    steps: int = Field(10, ge=2, le=1000, description="measured steps of each trial (the "
+                       "window is fitted into one epoch)")
+    max_candidates: int = Field(6, ge=1, le=12, description="configurations profiled besides "
+                                "the baseline")
+    budget_s: float | None = Field(1800.0, gt=0, description="time budget in seconds: no "
+                                   "trial starts that would end past it; null: none")
+    min_gain: float = Field(0.05, ge=0, lt=10, description="smallest img/s gain recommended, "
+                            "a fraction (0.05 = 5%)")
 
 
 class JobCreate(BaseModel):
@@ -27,7 +46,9 @@ class JobCreate(BaseModel):
         "params": {"epochs": 10, "batch": 16, "imgsz": 320}, "gpus": 1,
     }]})
 
-    kind: JobKind = Field("train", description="train or profile")
+    kind: JobKind = Field("train", description="train, profile, or tune (profile the "
+                          "configuration, try the levers its verdict names, recommend only "
+                          "gains beyond noise)")
     model: str = Field(..., max_length=500, description="model name <family>-<size>, e.g. "
                        "yolo9-t, a registered model id (m...), or a checkpoint of an "
                        "earlier job: job:<id>/weights/best.pt")
@@ -41,6 +62,8 @@ class JobCreate(BaseModel):
     priority: int = Field(0, ge=0, le=9, description="0 (default) .. 9 (first)")
     time_budget_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds; "
                                         "the run is stopped (SIGTERM) and failed after it")
+    tune: TuneOptionsIn | None = Field(None, description="a tune job's options (defaults when "
+                                       "omitted); only with kind tune")
 
 
 class JobPublic(BaseModel):
@@ -64,9 +87,17 @@ class JobPublic(BaseModel):
     time_budget_s: float | None
     progress: dict[str, Any] | None = Field(
         None, description="latest progress: epoch, epochs, step, steps, eta_s, metrics; a "
-        "profile job: phase 'profiling', step of steps (warmup + measured)")
+        "profile job: phase 'profiling', step of steps (warmup + measured); a tune job: "
+        "phase 'tuning', candidate, candidate_index, candidates, trial, trials, trials_done, "
+        "trials_planned; a train job with preflight: preflight (the estimate)")
+    tune: dict[str, Any] | None = Field(
+        None, description="a tune job's options (repeat, warmup, steps, max_candidates, "
+        "budget_s, min_gain)")
     result: dict[str, Any] | None = Field(
-        None, description="on success: final status, best_epoch, metrics, verdict (profile)")
+        None, description="on success: final status, best_epoch, metrics, verdict (profile); "
+        "a train job with params.preflight: preflight (the estimate, and the actual times "
+        "once it ends); a tune job: tune (the table, recommended, recommended_params, "
+        "answer, expected_epoch_s), also when cancelled (what was measured)")
     error: dict[str, Any] | None = Field(
         None, description="on failure: reason, exit_code, log_tail")
     created_at: datetime

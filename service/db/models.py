@@ -103,6 +103,8 @@ class Job(Base):
     model: Mapped[str] = mapped_column(String(200))
     data: Mapped[str] = mapped_column(Text)
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    #: what the kind takes besides training keys: a tune job's TuneOptions (migration 0005)
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     procs: Mapped[int] = mapped_column(Integer, default=1)
     priority: Mapped[int] = mapped_column(Integer, default=0)

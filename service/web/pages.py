@@ -8,6 +8,7 @@ submit form's YAML into JSON. The pages read the database directly; what they ch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -61,7 +62,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
-KINDS = ("train", "profile")
+KINDS = ("train", "profile", "tune")
 GPU_CHOICES = (0, 1, 2, 4, 8)
 COOKIE_MAX_AGE_S = 14 * 24 * 3600
 PAGE_SIZE = 50
@@ -258,6 +259,14 @@ def _progress(job: Job, live: dict[str, int] | None = None,
     in the queue (``where``, :func:`service.scheduler.outlook`)."""
     p = job.progress or {}
     epochs, epoch = p.get("epochs"), p.get("epoch")
+    if p.get("phase") == "tuning" and p.get("trials_planned"):  # a tune job: its trials
+        planned = p["trials_planned"]
+        if job.status in TERMINAL:
+            ran = ((job.result or {}).get("tune") or {}).get("trials_run")
+            return (100.0 if job.status == "succeeded" else 0.0,
+                    f"tune {job.status}" + (f": {ran} trials run" if ran is not None else ""))
+        return (max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / planned)),
+                tune_progress_text(p))
     if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
         steps, step = p["steps"], p.get("step") or 0
         text = f"profile window step {step}/{steps}"
@@ -280,7 +289,17 @@ def _progress(job: Job, live: dict[str, int] | None = None,
             text += f" · validating {p.get('val_batch', 0)}/{p['val_batches']}"
         elif steps:
             text += f" · step {step}/{steps}"
+        if isinstance(p.get("eta_s"), int | float) and p.get("phase") != "validating":
+            text += f" · ETA {fmt_duration(p['eta_s'])}"
     return max(0.0, min(100.0, 100.0 * frac)), text
+
+
+def tune_progress_text(p: dict[str, Any]) -> str:
+    """``tuning: cache=ram (candidate 2 of 4) · trial 1/3 · 7 of 15 trials done``."""
+    i, n = p.get("candidate_index") or 0, p.get("candidates") or 0
+    where = "baseline" if i == 0 else f"{p.get('candidate')} (candidate {i} of {n})"
+    return (f"tuning: {where} · trial {p.get('trial')}/{p.get('trials')} · "
+            f"{p.get('trials_done') or 0} of {p.get('trials_planned')} trials done")
 
 
 def _dataset_names(session: SessionDep, user: User) -> dict[str, str]:
@@ -388,6 +407,96 @@ def _confidence_text(conf: dict[str, Any] | None) -> tuple[bool, str] | None:
     return False, text + (f". {conf['advice']}" if conf.get("advice") else "")
 
 
+def fmt_seconds(seconds: float | None) -> str:
+    """``fmt_duration``, with a decimal under 10 s (``1.2 s``): estimates of short epochs."""
+    if isinstance(seconds, int | float) and math.isfinite(seconds) and 0 <= seconds < 10:
+        return f"{seconds:.1f} s"
+    return fmt_duration(seconds)
+
+
+def _gain(v: Any) -> str:
+    return "—" if not isinstance(v, int | float) else f"{100 * v:+.0f}%"
+
+
+def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tune card: the answer, one row per configuration, the recommended parameter set
+    and the expected epoch time; ``None`` for other jobs and a tune job without result."""
+    if job.kind != "tune" or not isinstance(tune, dict):
+        return None
+    rows = []
+    for r in [tune.get("baseline") or {}, *(tune.get("candidates") or [])]:
+        ips = r.get("img_per_s")
+        base = r.get("name") == "baseline"
+        rows.append({
+            "label": r.get("label") or r.get("name"), "baseline": base,
+            "ips": "—" if ips is None else f"{ips:.1f} ± {r.get('img_per_s_std') or 0:.1f}",
+            "n": r.get("n") if ips is not None else "—",
+            "step": "—" if r.get("step_ms") is None else f"{r['step_ms']:.0f}",
+            "verdict": r.get("verdict") or "—",
+            "significant": "—" if base or r.get("significant") is None
+            else ("yes" if r["significant"] else "no"),
+            "gain": "—" if base else _gain(r.get("gain")),
+            "recommendable": bool(r.get("recommendable")),
+            "recommended": bool(tune.get("recommended")) and r.get("name") == (tune.get("recommended") or {}).get("name"),
+            "note": "" if base else (r.get("note") or ""),
+            "side_effect": r.get("side_effect")})
+    rec = tune.get("recommended") or None
+    params = tune.get("recommended_params") or {}
+    return {"answer": tune.get("answer"), "status": tune.get("status"), "rows": rows,
+            "recommended": rec, "changes": " ".join(f"{k}={v}" for k, v in (rec or {}).get("params", {}).items()),
+            "params": " ".join(f"{k}={v}" for k, v in params.items()) or "(the defaults)",
+            "expected_epoch": fmt_seconds(tune.get("expected_epoch_s")),
+            "baseline_epoch": fmt_seconds(tune.get("baseline_epoch_s")),
+            "also": tune.get("also") or [], "notes": tune.get("notes") or [],
+            "device": tune.get("device"), "train_url": f"/jobs?train_from={job.id}#new-job-title",
+            "can_train": job.status in TERMINAL and bool((tune.get("baseline") or {}).get("img_per_s"))}
+
+
+def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The preflight card: the estimate, and beside it what the run took once it ended."""
+    if not isinstance(pf, dict) or pf.get("total_s") is None:
+        return None
+    actual = pf.get("actual") or {}
+    ended = job.status in TERMINAL
+    started, finished = _aware(job.started_at), _aware(job.finished_at)
+    duration = (finished - started).total_seconds() if started and finished else None
+    mem = pf.get("peak_memory_mb")
+    return {
+        "img_per_s": f"{pf['img_per_s']:.1f} img/s" if pf.get("img_per_s") is not None else "—",
+        "epoch_est": fmt_seconds(pf.get("epoch_s")),
+        "epoch_actual": fmt_seconds(actual.get("epoch_time_s")) if actual.get("epoch_time_s") is not None else None,
+        "val_est": fmt_seconds(pf.get("val_s")) if pf.get("val_s") is not None else None,
+        "val_actual": fmt_seconds(actual.get("val_time_s")) if actual.get("val_time_s") is not None else None,
+        "total_est": fmt_seconds(pf.get("total_s")),
+        "total_actual": fmt_seconds(duration) if ended and duration is not None else None,
+        "epochs": pf.get("epochs"), "epochs_done": actual.get("epochs"),
+        "memory": f"{mem:,.0f} MiB ({pf.get('memory_kind')})" if mem is not None else None,
+        "cost": f"{pf['cost']:.2f} {pf.get('currency')}" if pf.get("cost") is not None else None,
+        "ended": ended, "notes": pf.get("notes") or [], "phases": pf.get("phases") or []}
+
+
+def _prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
+             ) -> dict[str, Any] | None:
+    """The submit form's values from a finished tune job (``?train_from=<id>``): kind train,
+    its model and dataset (the dataset's id when it is one of the user's), GPUs, and its
+    recommended parameter set (epochs, imgsz and batch in their fields, the rest as YAML)."""
+    if not job_id:
+        return None
+    job = _owned(session, user, job_id)
+    tune = (job.result or {}).get("tune") if job is not None and job.kind == "tune" else None
+    if not isinstance(tune, dict):
+        return None
+    params = dict(tune.get("recommended_params") or {})
+    ref = describe_model_ref(session, settings, job.model)
+    model = ref.get("model_id") or ref["label"]  # a name, a model id, job:<id>/<path>, a file
+    data = session.scalar(select(Dataset.id).where(Dataset.path == job.data,
+                                                   Dataset.owner_id == job.owner_id)) or job.data
+    basic = {k: params.pop(k) for k in ("epochs", "imgsz", "batch") if k in params}
+    return {"job_id": job.id, "model": model, "data": data, "gpus": job.gpus, "basic": basic,
+            "yaml": yaml.safe_dump(params, sort_keys=True).strip() if params else "",
+            "recommended": (tune.get("recommended") or {}).get("label")}
+
+
 def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                      ) -> dict[str, Any]:
     now = datetime.now(UTC)
@@ -404,6 +513,13 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
                    "lever": _lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
                    "figures": figures, "confidence": _confidence_text(profile.get("confidence")),
                    "timeline_url": timeline["url"] if timeline else None}
+    tune_data = result.get("tune")
+    if job.kind == "tune" and tune_data is None:  # running: what tune.json holds so far
+        with contextlib.suppress(OSError, ValueError):
+            tune_data = json.loads((request.app.state.store.run_dir(job.id) / "tune.json")
+                                   .read_text(encoding="utf-8"))
+    tune = _tune_view(job, tune_data)
+    preflight = _preflight_view(job, result.get("preflight") or (job.progress or {}).get("preflight"))
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
     error = job.error or None
@@ -414,6 +530,7 @@ def _summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in ("queued",
                                                                                "running"),
+            "tune": tune, "preflight": preflight,
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
             "started_from": describe_model_ref(session, request.app.state.settings, job.model)}
 
@@ -476,8 +593,10 @@ def signout(request: Request, settings: SettingsDep) -> RedirectResponse:
 def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
               status: Annotated[str | None, Query()] = None,
               kind: Annotated[str | None, Query()] = None,
-              before: Annotated[str | None, Query()] = None) -> Response:
-    """Your jobs (filters by status and kind, auto-refresh) and the submit form."""
+              before: Annotated[str | None, Query()] = None,
+              train_from: Annotated[str | None, Query()] = None) -> Response:
+    """Your jobs (filters by status and kind, auto-refresh) and the submit form
+    (``?train_from=<tune job id>``: pre-filled with that tune's recommended settings)."""
     user = page_user(request, session, settings)
     if user is None:
         return _to_signin(request)
@@ -490,7 +609,8 @@ def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
     return _render(request, "jobs.html", {
         **_base_context(request, user, "jobs"), **ctx, "statuses": STATUSES, "kinds": KINDS,
         "models": list_models(), "datasets": datasets, "gpu_choices": GPU_CHOICES,
-        "default_gpus": settings.default_gpus, "before": before})
+        "default_gpus": settings.default_gpus, "before": before,
+        "prefill": _prefill(session, settings, user, train_from)})
 
 
 @router.get("/web/jobs/rows", response_class=HTMLResponse)

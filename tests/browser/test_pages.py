@@ -405,3 +405,47 @@ def test_queued_jobs_show_their_place_in_the_queue(web, stack, shot, data_yaml):
         with stack.sessions() as s:
             s.query(WorkerRow).filter_by(name="browser-queue-test").delete()
             s.commit()
+
+
+def test_tune_job_table_and_train_with_these_settings(web, stack, shot, sample_yaml):
+    """One real (tiny) tune job on the CPU: its table on the page, and the button that
+    pre-fills the submit form with the settings to train with, which then submits."""
+    _, token = stack.user()
+    job = _submit(stack, token, str(sample_yaml), kind="tune",
+                  params={"imgsz": 64, "batch": 4, "workers": 0, "epochs": 3},
+                  tune={"repeat": 2, "warmup": 1, "steps": 2, "max_candidates": 2})
+    stack.run(job["id"], real=True).join(300)
+    assert _status(stack, token, job["id"]) == "succeeded"
+    with client(stack.url, token) as c:
+        tune = c.get(f"/v1/jobs/{job['id']}").json()["result"]["tune"]
+
+    page = web.page(token)
+    page.goto(f"/jobs/{job['id']}")
+    card = page.locator(".tune-card")
+    expect(card.locator("#tune-answer")).to_contain_text(tune["answer"][:40])
+    table = card.locator("#tune-table")
+    expect(table.locator("tbody tr")).to_have_count(1 + len(tune["candidates"]))
+    expect(table.locator("tbody tr").first).to_contain_text("baseline")
+    expect(table).to_contain_text(f"{tune['baseline']['img_per_s']:.1f}")
+    expect(card).to_contain_text("Expected epoch time")
+    shot(page, "job-tune")
+    card.get_by_role("link", name="Train with these settings").click()
+    page.wait_for_url(f"**/jobs?train_from={job['id']}*")
+    expect(page.locator("#prefill-note")).to_contain_text(job["id"])
+    expect(page.locator("#f-model")).to_have_value("yolo9-t")
+    expect(page.locator("#f-data")).to_have_value(str(sample_yaml))
+    expect(page.locator("#f-imgsz")).to_have_value("64")
+    expect(page.locator("#f-batch")).to_have_value(str(tune["recommended_params"]["batch"]))
+    expect(page.locator("#f-epochs")).to_have_value("3")
+    assert page.locator('input[name="kind"][value="train"]').is_checked()
+    workers = tune["recommended_params"]["workers"]
+    expect(page.locator("#f-params")).to_have_value(re.compile(rf"workers: {workers}"))
+    _no_inline_script(page)
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.locator("#form-ok")).to_contain_text("Submitted job")
+    new_id = page.locator("#form-ok a").inner_text()
+    with client(stack.url, token) as c:
+        submitted = c.get(f"/v1/jobs/{new_id}").json()
+    assert submitted["kind"] == "train"
+    assert {k: submitted["params"][k] for k in tune["recommended_params"]} == \
+        tune["recommended_params"]

@@ -90,3 +90,21 @@ def data_yaml(tmp_path):
     from testkit import write_data_yaml
 
     return str(write_data_yaml(tmp_path / "ds"))
+
+
+@pytest.fixture
+def real_stack(tmp_path):
+    """API server on SQLite whose runner starts the real engine (``engine_command=None``);
+    ``srv.settings`` and ``srv.sessions`` for :func:`worker.runner.run_job`."""
+    from service.app import create_app
+    from service.settings import Settings
+
+    with fresh_database("sqlite", tmp_path) as url:
+        settings = Settings(home=tmp_path / "home", database_url=url, broker_url="memory://",
+                            reaper_enabled=False, sse_poll_s=0.1, lease_s=120, heartbeat_s=2,
+                            poll_interval_s=0.2, engine_python=sys.executable)
+        app = create_app(settings)
+        srv = ServerThread(app).start()
+        srv.settings, srv.sessions = settings, app.state.sessions
+        yield srv
+        srv.stop()

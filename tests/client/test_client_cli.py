@@ -118,3 +118,35 @@ def test_cli_bad_token(stack):
 
     r = CliRunner().invoke(app, ["jobs", "--url", stack.url, "--token", "lyt_bad", "list"])
     assert r.exit_code == 1 and "401" in r.output
+
+
+def test_submit_a_tune_job_and_show_its_table(cli, stack, data_yaml):
+    r = cli("submit", "-d", data_yaml, "--gpus", "0", "--kind", "tune", "--repeat", "2",
+            "--max-candidates", "3", "--budget-s", "300", "imgsz=64", "workers=0")
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.split()[0]
+    shown = json.loads(cli("show", job_id, "--json").stdout)
+    assert shown["kind"] == "tune" and shown["params"] == {"imgsz": 64, "workers": 0}
+    assert shown["tune"]["repeat"] == 2 and shown["tune"]["max_candidates"] == 3
+    assert shown["tune"]["budget_s"] == 300 and shown["tune"]["steps"] == 10
+    r = cli("submit", "-d", data_yaml, "--gpus", "0", "--repeat", "2", "epochs=1")
+    assert r.exit_code == 2 and "--repeat is a tune option" in r.output
+
+    # what the runner stores when the tune ends: `show` prints the table and the answer
+    from service.db.models import Job
+
+    row = {"name": "workers", "label": "workers 0 -> 2", "params": {"workers": 2},
+           "img_per_s": 61.0, "img_per_s_std": 1.5, "n": 2, "step_ms": 520.0,
+           "verdict": "compute", "significant": True, "gain": 0.8, "recommendable": True}
+    tune = {"status": "complete", "answer": "recommended: workers=2: 34.0 -> 61.0 img/s (+80%)",
+            "baseline": {"name": "baseline", "label": "baseline", "img_per_s": 34.0,
+                         "img_per_s_std": 2.0, "n": 2, "step_ms": 940.0, "verdict": "dataloader"},
+            "candidates": [row], "recommended": row, "expected_epoch_s": 2.1,
+            "baseline_epoch_s": 3.8, "recommended_params": {"imgsz": 64, "workers": 2}}
+    with stack.sessions() as s:
+        s.get(Job, job_id).status, s.get(Job, job_id).result = "succeeded", {"tune": tune}
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "workers 0 -> 2" in out and "61.0 ± 1.5 (2)" in out and "+80% *" in out
+    assert "answer:   recommended: workers=2" in out
+    assert "train with: imgsz=64 workers=2" in out and "2.1 s expected (baseline 3.8 s)" in out

@@ -25,7 +25,7 @@ def test_page_text_and_the_jobs_list():
     job = SimpleNamespace(status="running", progress=VALIDATING, queue="cpu")
     assert _progress(job)[1] == "epoch 3/3 · validating 2/4"
     job.progress = TRAINING
-    assert _progress(job)[1] == "epoch 2/3 · step 5/8"
+    assert _progress(job)[1] == "epoch 2/3 · step 5/8 · ETA 40 s"  # the ETA of the progress
     info = JobInfo(id="j1", kind="train", model="yolo9-t", data="d.yaml", status="running",
                    progress=VALIDATING)
     assert _summary(info) == "epoch 3/3  validating 2/4"
@@ -75,3 +75,27 @@ def test_profile_confidence_on_the_page():
                                  "advice": "profile again with --repeat 3"})
     assert not ok and text == ("unreliable: other processes took 54%. profile again with "
                                "--repeat 3")
+
+
+TUNING = {"phase": "tuning", "candidate": "cache=ram", "candidate_index": 2, "candidates": 4,
+          "trial": 1, "trials": 3, "trials_done": 7, "trials_planned": 15, "eta_s": 60.0}
+
+
+def test_a_tune_job_shows_its_candidate_and_trial():
+    from libreyolo_client._models import JobInfo
+    from libreyolo_client.cli import _summary
+    from service.web.pages import _progress
+
+    assert progress_text(TUNING) == ("tuning cache=ram (candidate 2 of 4)  trial 1/3  "
+                                     "7/15 trials done  eta 60s")
+    job = SimpleNamespace(status="running", progress=TUNING, queue="cpu", result=None)
+    pct, text = _progress(job)
+    assert round(pct) == 47 and text == ("tuning: cache=ram (candidate 2 of 4) · trial 1/3 · "
+                                         "7 of 15 trials done")
+    job.status, job.result = "succeeded", {"tune": {"trials_run": 15}}
+    assert _progress(job) == (100.0, "tune succeeded: 15 trials run")
+    info = JobInfo(id="j3", kind="tune", model="yolo9-t", data="d.yaml", status="running",
+                   progress=TUNING)
+    assert _summary(info).startswith("tuning cache=ram")
+    info.status, info.result = "succeeded", {"answer": "no significant lever on this device: x"}
+    assert _summary(info) == "no significant lever on this device: x"

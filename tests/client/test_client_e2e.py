@@ -8,36 +8,16 @@ The synthetic-sample run is always part of the slow tests. The coco128 run of is
 from __future__ import annotations
 
 import hashlib
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
-from testkit import ServerThread, make_user
+from testkit import make_user
 
 from libreyolo_client import Client
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def real_stack(tmp_path):
-    """API server on SQLite whose runner starts the real engine (``engine_command=None``)."""
-    from testkit import fresh_database
-
-    from service.app import create_app
-    from service.settings import Settings
-
-    with fresh_database("sqlite", tmp_path) as url:
-        settings = Settings(home=tmp_path / "home", database_url=url, broker_url="memory://",
-                            reaper_enabled=False, sse_poll_s=0.1, lease_s=120, heartbeat_s=2,
-                            poll_interval_s=0.2, engine_python=sys.executable)
-        app = create_app(settings)
-        srv = ServerThread(app).start()
-        srv.settings, srv.sessions = settings, app.state.sessions
-        yield srv
-        srv.stop()
 
 
 def _work(stack, job_id: str) -> threading.Thread:

@@ -105,6 +105,13 @@ def test_submit_get_list(alice, data_yaml):
     ({"data": "/nope/data.yaml"}, "data", "does not exist"),
     ({"data": "relative.yaml"}, "data", "neither a dataset id"),
     ({"kind": "predict"}, "kind", "train"),
+    ({"kind": "tune", "procs": 2}, "procs", "does not run under DDP"),
+    ({"tune": {"repeat": 3}}, "tune", "tune options go with kind tune"),
+    ({"kind": "tune", "tune": {"repeat": 1}}, "tune.repeat", "greater than or equal to 2"),
+    ({"kind": "tune", "tune": {"trials": 3}}, "tune.trials", "Extra inputs"),
+    ({"kind": "profile", "params": {"preflight": True}}, "params.preflight",
+     "estimates a training run"),
+    ({"params": {"preflight": True}, "procs": 2}, "params.preflight", "profiles one device"),
     ({"priority": 12}, "priority", "less than or equal"),
 ])
 def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, words):
@@ -116,6 +123,20 @@ def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, wo
     assert body["field"] == field
     assert words in body["detail"], body["detail"]
     assert len(alice.get("/v1/jobs", params={"limit": 200}).json()["data"]) == before
+
+
+def test_a_tune_job_keeps_its_options(alice, data_yaml):
+    """A tune job's options are stored with the service's defaults filled in, shown as
+    ``tune`` and filtered by kind; a train job has none."""
+    r = submit(alice, data_yaml, kind="tune", tune={"repeat": 2, "budget_s": 600})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["kind"] == "tune"
+    assert job["tune"] == {"repeat": 2, "warmup": 3, "steps": 10, "max_candidates": 6,
+                           "budget_s": 600.0, "min_gain": 0.05}
+    listed = alice.get("/v1/jobs", params={"kind": "tune"}).json()["data"]
+    assert job["id"] in {j["id"] for j in listed} and all(j["kind"] == "tune" for j in listed)
+    assert submit(alice, data_yaml, params={"preflight": True}).json()["tune"] is None
 
 
 @pytest.mark.parametrize("text, words", [

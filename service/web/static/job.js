@@ -79,6 +79,7 @@
       addLines(Array.isArray(d.lines) ? d.lines : []);
     } else if (e.kind === 'metric') {
       if (d.event === 'progress' || d.event === 'epoch_start') showProgress(d);
+      if (d.event === 'tune_candidate' || d.event === 'tune' || d.event === 'preflight') scheduleSummary(500);
       if (d.event === 'epoch_end') {
         showProgress(d, true);
         addEpoch(d);
@@ -111,7 +112,24 @@
     }
   }
 
+  function fmtSeconds(s) {
+    s = Math.max(0, Math.round(Number(s)));
+    if (s < 60) return s + ' s';
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
+    return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
+  }
+
   function showProgress(d, epochDone) {
+    if (d.phase === 'tuning' && Number(d.trials_planned)) {  // a tune job: its trials
+      const planned = Number(d.trials_planned);
+      progressEl.value = Math.max(0, Math.min(100, Math.round(100 * (Number(d.trials_done) || 0) / planned)));
+      const i = Number(d.candidate_index) || 0;
+      progressText.textContent = 'tuning: ' + (i === 0 ? 'baseline'
+        : d.candidate + ' (candidate ' + i + ' of ' + d.candidates + ')') +
+        ' · trial ' + d.trial + '/' + d.trials + ' · ' + (Number(d.trials_done) || 0) + ' of ' +
+        planned + ' trials done';
+      return;
+    }
     if (d.phase === 'profiling' && Number(d.steps)) {  // a profile job: step k of its window
       const total = Number(d.steps);
       const k = Number(d.step) || 0;
@@ -135,6 +153,9 @@
     }
     if (d.phase === 'validating') {
       progressEl.value = Math.max(0, Math.min(100, Math.round(100 * epoch / epochs)));
+    }
+    if (!epochDone && d.phase !== 'validating' && typeof d.eta_s === 'number') {
+      detail += ' · ETA ' + fmtSeconds(d.eta_s);
     }
     progressText.textContent = 'epoch ' + epoch + '/' + epochs + detail;
   }

@@ -101,6 +101,8 @@
         const raw = value(key);
         if (raw !== '') params[key] = Number(raw);
       });
+      const preflight = document.getElementById('f-preflight');
+      if (preflight && preflight.checked) params.preflight = true;
       const kindEl = form.querySelector('input[name="kind"]:checked');
       const body = {
         kind: kindEl ? kindEl.value : 'train',

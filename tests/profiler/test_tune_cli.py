@@ -1,0 +1,74 @@
+"""``libreyolo profile tune`` for real on the CPU: one tune to the end, one stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from libreyolo_core.profiler.cli import main
+
+ARGS = ["--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "--warmup", "1",
+        "--steps", "2"]
+
+
+@pytest.mark.slow
+def test_tune_cli_on_a_loader_bound_run(coco128_dir, tmp_path, capsys):
+    """coco128 at imgsz 64, batch 32, no loader workers, mosaic and mixup: each sample
+    decodes 8 full-size JPEGs for a tiny network, so the loader levers are tried."""
+    project = tmp_path / "tune"
+    rc = main(["tune", str(coco128_dir / "coco128.yaml"), "--imgsz", "64", "--batch", "32",
+               "--workers", "0", "--device", "cpu", "--warmup", "1", "--steps", "3",
+               "--repeat", "2", "--max-candidates", "2", "--set", "mosaic=1.0",
+               "--set", "mixup=1.0", "--project", str(project), "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res == json.loads((project / "tune.json").read_text())
+    assert res["schema"] == "libreyolo.tune/v1" and res["status"] == "complete"
+    assert res["device"] == "cpu" and res["verdict"] == "dataloader"
+    base = res["baseline"]
+    assert base["n"] == 2 and len(base["img_per_s_trials"]) == 2 and base["step_ms"] > 0
+    assert base["epoch_s"] == pytest.approx(4 * base["step_ms"] / 1e3, rel=1e-3)  # 128 / 32
+    assert [r["label"] for r in res["candidates"]] == ["workers 0 -> 2", "cache=ram"]
+    for row in res["candidates"]:
+        assert row["n"] == 2 and row["significant"] in (True, False) and row["note"]
+    assert res["answer"] and res["recommended_params"]["imgsz"] == 64
+    assert res["recommended_params"]["mixup"] == "1.0"
+    if res["recommended"] is None:  # a loaded machine may leave it undecided, never noise
+        assert res["answer"].startswith("no significant lever on this device")
+        assert res["expected_epoch_s"] == base["epoch_s"]
+    else:
+        assert set(res["recommended"]["params"]) <= {"workers", "cache"}
+        assert res["recommended"]["significant"] and res["recommended"]["recommendable"]
+    assert any("cap of 2" in n for n in res["notes"])  # mixup=0 and batch 64 left out
+    for rel in base["trials"]:
+        assert (project / rel).is_file()
+    assert (project / "trials" / "baseline" / "profile_repeat.json").is_file()
+
+
+def test_sigterm_stops_a_tune_and_keeps_what_was_measured(small_yaml, tmp_path):
+    project = tmp_path / "tune"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "libreyolo_core.cli", "profile", "tune", str(small_yaml), *ARGS,
+         "--repeat", "4", "--project", str(project)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    first = project / "trials" / "baseline_1" / "trial.json"
+    deadline = time.monotonic() + 180
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), "the first trial never finished"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "tune interrupted" in err and "Traceback" not in err
+    res = json.loads((project / "tune.json").read_text())
+    assert res["status"] == "cancelled" and "cancelled" in res["answer"]
+    assert res["trials_run"] >= 1 and res["recommended"] is None
+    assert not list(project.glob("trials/*/weights/last.pt"))  # a stopped trial leaves none
