@@ -1,10 +1,11 @@
 """Preflight: a short profile before training that says how long the run will take.
 
 ``train(..., preflight=True)`` (``libreyolo train ... preflight=True``, a service job's
-``params.preflight``) first runs one profile trial of the same configuration
+``params.preflight``) first runs a profile trial of the same configuration
 (:func:`~libreyolo_core.profiler.trial.run_trial`, no trace, the window fitted into one
-epoch), times a few validation batches, and turns the figures into a
-:class:`PreflightEstimate`:
+epoch) for each augmentation phase of the run (:func:`phases_of`: the epochs with mosaic
+and mixup, then the last ``no_aug_epochs`` without, which load faster), times a few
+validation batches, and turns the figures into a :class:`PreflightEstimate`:
 
 - ``step_ms``: the mean measured step (every measured step on a CPU, where no step is
   synchronised; the unsynced half on a GPU, as the verdict uses); ``img_per_s`` from it;
@@ -14,14 +15,17 @@ epoch), times a few validation batches, and turns the figures into a
   fresh (untrained) model (one that has not learnt yet keeps more boxes above ``conf`` for
   NMS, so this leans long);
 - ``total_s`` = set-up (dataset, model: the trial's own, until its first event) +
-  ``epochs x epoch_s`` + validations x ``val_s``;
+  the epochs of each phase x its ``epoch_s`` + validations x ``val_s``;
 - ``peak_memory_mb``: on CUDA the largest allocation of the window
   (``torch.cuda.max_memory_allocated``); on a CPU the process's resident-set high-water
   mark (``getrusage``), which the loader workers add to;
 - cost: with a GPU-hour price (:data:`PRICE_ENV`; the service's ``gpu_hour_price`` setting
   sets it for its jobs) ``gpu_hours x price`` on a GPU; a CPU run uses no GPU hours.
 
-The estimate is measured on one device; several ranks (DDP) are not estimated.
+The estimate is measured on one device; several ranks (DDP) are not estimated. It is a
+snapshot: on a machine whose load changes (other jobs on the same CPU cores) the epochs
+that follow can be slower or faster, and the ETA of the run's progress then follows the
+epochs it measures (:mod:`libreyolo_core.engine.eta`).
 """
 
 from __future__ import annotations

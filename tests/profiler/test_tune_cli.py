@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -72,3 +73,18 @@ def test_sigterm_stops_a_tune_and_keeps_what_was_measured(small_yaml, tmp_path):
     assert res["status"] == "cancelled" and "cancelled" in res["answer"]
     assert res["trials_run"] >= 1 and res["recommended"] is None
     assert not list(project.glob("trials/*/weights/last.pt"))  # a stopped trial leaves none
+
+
+def test_the_time_budget_stops_a_tune_between_trials(small_yaml, tmp_path):
+    from libreyolo_core.profiler.tune import TuneOptions, run_tune
+
+    res = run_tune(small_yaml, "yolo9-t", run_dir=tmp_path / "t",
+                   base={"imgsz": 64, "batch": 4, "workers": 0, "device": "cpu"},
+                   options=TuneOptions(repeat=3, warmup=1, steps=2, budget_s=0.5),
+                   stdout=io.StringIO())
+    # the set-up (imports, the dataset) may use up the budget already; the second trial at
+    # the latest would end past it
+    assert res["status"] == "budget" and res["trials_run"] <= 1
+    assert res["answer"].startswith("no answer: the baseline was not measured (time budget)")
+    assert any("time budget of 0.5 s" in n for n in res["notes"])
+    assert json.loads((tmp_path / "t" / "tune.json").read_text())["status"] == "budget"
