@@ -37,6 +37,7 @@ from libreyolo_client._errors import (
     JobFailed,
     ServiceUnavailable,
     SubmitWarning,
+    ValidationError,
     error_from_response,
 )
 from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model, Preflight, TuneReport
@@ -80,6 +81,9 @@ class AsyncClient(_Base):
         while True:
             try:
                 r = await self._http.request(method, path, **kw)
+            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
+                raise ValidationError(0, f"the request cannot be sent: {exc} (NaN and "
+                                         "infinity are not numbers JSON can carry)") from exc
             except httpx.TransportError as exc:
                 if not idempotent or attempt >= self.retries:
                     raise self._unavailable(exc, _request_of(exc)) from exc

@@ -30,6 +30,7 @@ from libreyolo_client._errors import (
     JobFailed,
     ServiceUnavailable,
     SubmitWarning,
+    ValidationError,
     WaitTimeout,
     error_from_response,
 )
@@ -224,6 +225,9 @@ class Client(_Base):
         while True:
             try:
                 r = self._http.request(method, path, **kw)
+            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
+                raise ValidationError(0, f"the request cannot be sent: {exc} (NaN and "
+                                         "infinity are not numbers JSON can carry)") from exc
             except httpx.TransportError as exc:
                 if not idempotent or attempt >= self.retries:
                     raise self._unavailable(exc, _request_of(exc)) from exc

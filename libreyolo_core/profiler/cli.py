@@ -238,7 +238,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         options = TuneOptions(repeat=args.repeat, warmup=args.warmup, steps=args.steps,
                               max_candidates=args.max_candidates,
-                              budget_s=args.budget_s if args.budget_s > 0 else None,
+                              budget_s=None if args.budget_s == 0 else args.budget_s,
                               min_gain=args.min_gain)
     except ValueError as exc:
         raise ReaderError(str(exc)) from None

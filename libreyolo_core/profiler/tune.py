@@ -116,7 +116,9 @@ class TuneOptions:
                   ("warmup", 0 <= self.warmup <= 1000, "0 to 1000"),
                   ("steps", 2 <= self.steps <= 1000, "2 to 1000"),
                   ("max_candidates", 1 <= self.max_candidates <= 12, "1 to 12"),
-                  ("budget_s", self.budget_s is None or self.budget_s > 0, "> 0 seconds"),
+                  ("budget_s", self.budget_s is None
+                   or (math.isfinite(self.budget_s) and self.budget_s > 0),
+                   "a finite number > 0 of seconds"),
                   ("min_gain", 0 <= self.min_gain < 10, "0 to 10 (a fraction: 0.05 = 5%)"))
         for name, ok, allowed in checks:
             if not ok:

@@ -13,6 +13,7 @@ lists its own error statuses with :func:`error_responses`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -79,14 +80,27 @@ class Problem(Exception):
         self.headers, self.extra = headers or {}, extra
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by its text (``"nan"``, ``"inf"``):
+    an error that echoes the client's bad number must still be valid JSON (RFC 8259 has no
+    NaN or Infinity), or the answer to a 422 would itself fail with a 500."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def problem_response(status: int, detail: str, *, instance: str | None = None,
                      headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    """A problem+json response."""
+    """A problem+json response (non-finite numbers echoed from the request become text)."""
     body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
             "detail": detail}
     if instance:
         body["instance"] = instance
-    body.update({k: v for k, v in extra.items() if v is not None})
+    body.update({k: _json_safe(v) for k, v in extra.items() if v is not None})
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 

@@ -23,7 +23,7 @@ class TuneOptionsIn(BaseModel):
     """How hard a ``tune`` job looks (libreyolo_core.profiler.tune.TuneOptions; the same
     defaults and bounds)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     repeat: int = Field(3, ge=2, le=10, description="trials per configuration (significance "
                         "needs 2)")
@@ -41,7 +41,7 @@ class TuneOptionsIn(BaseModel):
 class JobCreate(BaseModel):
     """What a client may send to ``POST /v1/jobs``."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"examples": [{
         "kind": "train", "model": "yolo9-t", "data": "/data/coco8/data.yaml",
         "params": {"epochs": 10, "batch": 16, "imgsz": 320}, "gpus": 1,
     }]})

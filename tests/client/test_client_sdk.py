@@ -121,6 +121,16 @@ def test_validation_error_names_the_field(client, data_yaml, kw, field):
     assert len(client.jobs(limit=None)) == before
 
 
+def test_a_non_finite_number_is_a_validation_error_before_sending(client, data_yaml):
+    """httpx cannot put NaN or infinity into JSON: the SDK says so as its own error (not a
+    bare ValueError), and nothing reaches the service."""
+    before = len(client.jobs(limit=None))
+    with pytest.raises(ValidationError, match="NaN and infinity") as err:
+        client.train(model="yolo9-t", data=data_yaml, gpus=0, **{**TINY, "lr0": float("nan")})
+    assert err.value.status_code == 0
+    assert len(client.jobs(limit=None)) == before
+
+
 def test_bad_or_missing_token_is_auth_error(stack):
     for token in ("lyt_not_a_token", None):
         with Client(stack.url, token, credentials_path="/nonexistent") as c:

@@ -132,6 +132,9 @@ def test_options_are_checked_and_named():
         TuneOptions(repeat=1)
     with pytest.raises(ValueError, match="unknown tune option"):
         TuneOptions.from_mapping({"trials": 3})
+    for bad in (-5.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="budget_s=.*finite number > 0"):
+            TuneOptions(budget_s=bad)
 
 
 def test_the_table_and_the_answer_read_as_text():

@@ -125,6 +125,24 @@ def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, wo
     assert len(alice.get("/v1/jobs", params={"limit": 200}).json()["data"]) == before
 
 
+@pytest.mark.parametrize("body, field", [
+    ('"params": {"lr0": NaN}', "params.lr0"),
+    ('"params": {"imgsz": 64, "epochs": 1e400}', "params.epochs"),
+    ('"kind": "tune", "tune": {"budget_s": Infinity}', "tune.budget_s"),
+    ('"time_budget_s": NaN', "time_budget_s"),
+])
+def test_non_finite_numbers_are_a_422_not_a_500(alice, data_yaml, body, field):
+    """JSON has no NaN or Infinity, but Python's parser accepts them: they must be refused
+    by name, and the answer that echoes them must still be valid JSON."""
+    raw = f'{{"kind": "train", "model": "yolo9-t", "data": "{data_yaml}", {body}}}'
+    if '"kind": "tune"' in body:
+        raw = raw.replace('"kind": "train", ', "")
+    r = alice.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["field"] == field
+
+
 def test_a_tune_job_keeps_its_options(alice, data_yaml):
     """A tune job's options are stored with the service's defaults filled in, shown as
     ``tune`` and filtered by kind; a train job has none."""
