@@ -484,8 +484,6 @@ class _Tuner:
     def measure(self, cfg: _Config, index: int) -> None:
         """Profile ``cfg`` ``repeat`` times and aggregate (skips on a window that does not
         fit its epoch or a configuration the engine refuses)."""
-        from libreyolo_core.profiler.artifacts import write_json
-        from libreyolo_core.profiler.cli import aggregate
         from libreyolo_core.profiler.window import ProfileWindowError
 
         self.say(f"{'baseline' if index == 0 else f'candidate {index}'}: {cfg.label}")
@@ -510,6 +508,14 @@ class _Tuner:
                 self.planned -= self.opt.repeat - len(cfg.results)
                 cfg.results.clear()
                 return
+        self.summarise(cfg)
+
+    def summarise(self, cfg: _Config) -> None:
+        """Aggregate ``cfg``'s trials so far into ``profile_repeat.json`` and its epoch time
+        (also for a configuration a stop cut short: what was measured is kept)."""
+        from libreyolo_core.profiler.artifacts import write_json
+        from libreyolo_core.profiler.cli import aggregate
+
         profiles = [r.profile for r in cfg.results]
         paths = [str(r.profile_path) for r in cfg.results]
         cfg.aggregate = aggregate(profiles, paths)
@@ -519,6 +525,16 @@ class _Tuner:
         if cfg.batch and cfg.aggregate.get("step_ms"):
             steps = self.images // cfg.batch if self.images >= cfg.batch else 1
             cfg.epoch_s = round(steps * cfg.aggregate["step_ms"] / 1e3, 3)
+
+    def summarise_partial(self) -> None:
+        """After a stop: every configuration with measured trials but no aggregate gets one
+        from the trials it has (its row's ``n`` says how many), so ``tune.json`` keeps the
+        numbers; fewer trials than ``repeat`` are never judged significant."""
+        for cfg in self.configs:
+            if cfg.results and cfg.aggregate is None and cfg.skipped is None:
+                self.summarise(cfg)
+                self.notes.append(f"{cfg.label}: {len(cfg.results)} of {self.opt.repeat} "
+                                  "trials measured before the stop")
 
     def judge(self, cfg: _Config, base: _Config) -> None:
         comp, verdict = judge(base.aggregate, cfg.aggregate, min_gain=self.opt.min_gain)
@@ -658,10 +674,12 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
             tuner.notes.append(f"the combination {combo.label} was not profiled: the cap of "
                                f"{opt.max_candidates} candidates is reached")
     except _Stop as stop:
+        tuner.summarise_partial()
         tuner.status = "budget"
         tuner.notes.append(f"stopped: {stop}")
         tuner.say(f"stopped: {stop}")
     except TuneInterrupted as exc:
+        tuner.summarise_partial()
         tuner.status, status = "cancelled", "interrupted"
         tuner.notes.append(f"cancelled: {exc}")
         res = write()

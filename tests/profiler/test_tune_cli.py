@@ -72,6 +72,7 @@ def test_sigterm_stops_a_tune_and_keeps_what_was_measured(small_yaml, tmp_path):
     res = json.loads((project / "tune.json").read_text())
     assert res["status"] == "cancelled" and "cancelled" in res["answer"]
     assert res["trials_run"] >= 1 and res["recommended"] is None
+    assert res["baseline"]["img_per_s"] > 0 and res["baseline"]["n"] >= 1  # numbers kept
     assert not list(project.glob("trials/*/weights/last.pt"))  # a stopped trial leaves none
 
 
