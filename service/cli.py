@@ -7,8 +7,10 @@ The CLI never imports the worker: it starts ``python -m worker`` as its own proc
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from libreyolo_client.cli import jobs_app
 from libreyolo_client.datasets_cli import datasets_app
 from libreyolo_client.models_cli import models_app
 from service.credentials import save_credentials, saved_token
+from service.procs import die_with_parent
 from service.settings import Settings
 from service.users_cli import users_app
 
@@ -172,6 +175,7 @@ def up(
     from service.db.migrate import upgrade
 
     settings = _settings()
+    _require_free_port(host, port)
     upgrade(settings.database_url)
     url = f"http://{host}:{port}"
     token, reused = _admin_token(settings, url)
@@ -190,7 +194,14 @@ def up(
         "API": [sys.executable, "-m", "service.cli", "serve", "--host", host, "--port", str(port)],
         "worker": _worker_argv(gpus, cpu),
     }
-    procs = {name: subprocess.Popen(argv, env=env, start_new_session=True) for name, argv in argvs.items()}
+    def start(argv: list[str]) -> subprocess.Popen:
+        # the API and the worker end with `up`, even after its kill -9 (no orphan keeps
+        # the port or claims jobs); SIGTERM so that the worker hands its job back
+        return subprocess.Popen(argv, env=env, start_new_session=True,
+                                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, me))
+
+    me = os.getpid()
+    procs = {name: start(argv) for name, argv in argvs.items()}
     crashes: dict[str, list[float]] = {name: [] for name in argvs}
     stopping = False
     failed = False
@@ -218,10 +229,25 @@ def up(
                 typer.echo(f"the {name} process exited (code {p.returncode}); restarting it. A job it "
                            f"was running goes back to the queue when its lease ({settings.lease_s:.0f} s) "
                            "expires and resumes from last.pt", err=True)
-                procs[name] = subprocess.Popen(argvs[name], env=env, start_new_session=True)
+                procs[name] = start(argvs[name])
     finally:
         _shutdown(list(procs.values()), settings.grace_s + 10)
     raise typer.Exit(1 if failed else 0)
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """Exit 1 with a clear line when ``host:port`` is taken, before anything starts (the
+    API would otherwise fail to bind six times and `up` give up after a minute)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            typer.secho(f"error: {host}:{port} is already in use ({exc.strerror}). Another "
+                        "`libreyolo-service up` may still be running there (`curl "
+                        f"http://{host}:{port}/healthz`): stop it first, or pass --port to "
+                        "start a second service.", fg="red", err=True)
+            raise typer.Exit(1) from None
 
 
 def _shutdown(procs: list[subprocess.Popen], timeout_s: float) -> None:

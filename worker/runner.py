@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import ctypes
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
 from service.db.models import ACTIVE, TERMINAL, Artifact, Job, utcnow
 from service.ops import EventIn, append_events, transition
+from service.procs import die_with_parent
 from service.scheduler import claim, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
@@ -70,11 +70,7 @@ MAX_READ_BYTES = 4 << 20
 
 
 def _pdeathsig() -> None:  # runs in the child after setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the worker (kill -9)
-    except OSError:
-        pass
+    die_with_parent(signal.SIGKILL)  # die with the worker (kill -9)
 
 
 def _pgid_members(pgid: int) -> list[int]:

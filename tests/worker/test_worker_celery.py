@@ -286,3 +286,35 @@ def test_job_events_table_has_unique_seq(sqlite_url):
     uniques = inspect(engine).get_unique_constraints(JobEvent.__tablename__)
     assert any(u["column_names"] == ["job_id", "seq"] for u in uniques)
     engine.dispose()
+
+
+def test_up_children_end_with_it_after_kill9_and_a_taken_port_is_named(tmp_path):
+    """A kill -9 of `up` leaves no orphan (its API and worker get SIGTERM from the kernel);
+    `up` on a port something holds exits 1 at once, naming the port."""
+    import socket
+
+    port = free_port()
+    home = tmp_path / "homedir"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)}
+    for k in ("LIBREYOLO_DATABASE_URL", "LIBREYOLO_BROKER_URL", "LIBREYOLO_HOME"):
+        env.pop(k, None)
+    argv = [sys.executable, "-m", "service.cli", "up", "--port", str(port), "--cpu"]
+    up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _ok(f"http://127.0.0.1:{port}/healthz"), timeout=60, what="the API")
+        children = wait_for(lambda: len(k := _children(up.pid)) == 2 and k, timeout=30,
+                            what="the API and the worker")
+    finally:
+        up.kill()
+        up.wait(timeout=10)
+    for pid in children:
+        wait_for(lambda pid=pid: not pid_alive(pid), timeout=45, what=f"orphan {pid} to exit")
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"127.0.0.1:{port} is already in use" in r.stderr and "Traceback" not in r.stderr
