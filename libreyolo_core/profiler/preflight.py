@@ -10,7 +10,9 @@ validation batches, and turns the figures into a :class:`PreflightEstimate`:
 - ``step_ms``: the mean measured step (every measured step on a CPU, where no step is
   synchronised; the unsynced half on a GPU, as the verdict uses); ``img_per_s`` from it;
 - ``epoch_s`` = ``steps_per_epoch x step_ms`` + the extra wait of an epoch's first batch
-  (the trial's first fetch minus a measured step's fetch: the loader starts empty);
+  (the trial's first fetch minus a measured step's fetch: the loader starts empty); a
+  no-mosaic step measured slower than the mosaic one (less loading, the same compute: the
+  load changed between the trials) takes the mosaic step, with a note;
 - ``val_s``: one validation pass, scaled from the first :data:`VAL_BATCHES` batches of a
   fresh (untrained) model (one that has not learnt yet keeps more boxes above ``conf`` for
   NMS, so this leans long);
@@ -268,8 +270,17 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
         raise ValueError(f"batch={batch} and train_images={train_images} must be >= 1")
     steps = train_images // batch if train_images >= batch else 1
     rows = []
+    more = list(notes)
+    by_name = {ph.name: _step_ms(ph.profile) for ph in phases}
     for ph in phases:
-        step_ms = _step_ms(ph.profile)
+        step_ms = by_name[ph.name]
+        if ph.name == "no mosaic" and "mosaic" in by_name and step_ms > by_name["mosaic"]:
+            # the same compute with less loading cannot be slower: the load changed between
+            # the two trials, and the mosaic trial's step is the bound
+            more.append(f"the no-mosaic trial measured a slower step ({step_ms:.0f} ms) than the "
+                        f"mosaic one ({by_name['mosaic']:.0f} ms), which loads more: the machine's "
+                        "load changed between them; the mosaic step is used for both")
+            step_ms = by_name["mosaic"]
         first = _first_fetch_s(ph.profile)
         rows.append({"name": ph.name, "epochs": ph.epochs, "step_ms": round(step_ms, 3),
                      "img_per_s": round(batch * 1e3 / step_ms, 3), "first_fetch_s": round(first, 3),
@@ -282,7 +293,6 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
     gpus = 1 if device == "cuda" else 0
     hours = total / 3600.0 * gpus if gpus else None
     cost = round(hours * price, 4) if hours is not None and price is not None else None
-    more = list(notes)
     if price is not None and not gpus:
         more.append(f"a {device.upper()} run uses no GPU hours: no cost at "
                     f"{price:g} {currency} per GPU hour")

@@ -66,6 +66,16 @@ def test_mosaic_and_no_mosaic_epochs_are_timed_apart():
     assert [p["name"] for p in est.phases] == ["mosaic", "no mosaic"]
 
 
+def test_a_no_mosaic_step_is_never_slower_than_a_mosaic_one():
+    """Less loading and the same compute cannot be slower: the load changed between the
+    trials, so the mosaic trial's step bounds the no-mosaic phase (with a note)."""
+    est = estimate([Phase("mosaic", 3, trial(steps=(200.0,) * 3)),
+                    Phase("no mosaic", 2, trial(steps=(450.0,) * 3))],
+                   train_images=160, batch=16, validations=0, val_s=None, setup_s=0.0)
+    assert [p["step_ms"] for p in est.phases] == [200.0, 200.0]
+    assert any("load changed between them" in n for n in est.notes)
+
+
 def test_the_price_comes_from_the_environment():
     assert gpu_hour_price({}) == (None, "USD")
     assert gpu_hour_price({"LIBREYOLO_GPU_HOUR_PRICE": "2.5", "LIBREYOLO_CURRENCY": "EUR"}) == (2.5, "EUR")
