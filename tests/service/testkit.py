@@ -99,6 +99,28 @@ def make_user(sessions: Any, name: str | None = None, admin: bool = False) -> tu
     return name, token
 
 
+def queued_job(sessions: Any, owner_id: str, **fields: Any) -> str:
+    """Insert a queued yolo9-t train job of ``owner_id`` (with its "queued" status event)
+    straight into the database, as a submit would leave it; ``fields`` override any
+    column. Returns the job id."""
+    from service.db.models import Job, utcnow
+    from service.ops import append_events
+
+    now = utcnow()
+    row = dict(owner_id=owner_id, kind="train", model="yolo9-t", data="/data/x.yaml",
+               params={"epochs": 1}, gpus=0, procs=1, priority=0, queue="cpu",
+               status="queued", attempt=0, max_attempts=3, cancel_requested=False,
+               event_seq=0, events_offset=0, log_offset=0, created_at=now, enqueued_at=now)
+    with sessions() as s:
+        job = Job(**{**row, **fields})
+        s.add(job)
+        s.flush()
+        append_events(s, job.id, [("status", time.time(), {"event": "status",
+                                                            "status": "queued"})])
+        s.commit()
+        return job.id
+
+
 def client(url: str, token: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url, headers=headers, timeout=30)

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from testkit import engine_lines, make_user, pid_alive, wait_for
+from testkit import engine_lines, make_user, pid_alive, queued_job, wait_for
 
 from service.db.models import Artifact, Job, JobEvent, User, utcnow
-from service.ops import append_events, transition
+from service.ops import transition
 from service.reaper import reap_once
 from service.storage import ArtifactStore
 from worker.launch import build_command, build_env, job_spec
@@ -23,17 +23,8 @@ from worker.runner import run_job
 def new_job(sessions, params=None, gpus=0, **over) -> str:
     name, _ = make_user(sessions)
     with sessions() as s:
-        owner = s.query(User).filter_by(name=name).one()
-        job = Job(owner_id=owner.id, kind="train", model="yolo9-t", data="/data/x.yaml",
-                  params=params or {"epochs": 3}, gpus=gpus, procs=1, priority=0, queue="cpu",
-                  status="queued", attempt=0, max_attempts=3, cancel_requested=False,
-                  event_seq=0, events_offset=0, log_offset=0, enqueued_at=utcnow(), **over)
-        s.add(job)
-        s.flush()
-        append_events(s, job.id, [("status", time.time(), {"event": "status",
-                                                            "status": "queued"})])
-        s.commit()
-        return job.id
+        owner_id = s.query(User).filter_by(name=name).one().id
+    return queued_job(sessions, owner_id, params=params or {"epochs": 3}, gpus=gpus, **over)
 
 
 def job_row(sessions, job_id) -> Job:

@@ -14,10 +14,10 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import update
-from testkit import make_user, wait_for
+from testkit import make_user, queued_job, wait_for
 
 from service.db.models import ACTIVE, TERMINAL, Job, User, WorkerRow, utcnow
-from service.ops import append_events, set_user_cap, transition
+from service.ops import set_user_cap, transition
 from service.reaper import reap_once
 from service.scheduler import (
     claim,
@@ -58,19 +58,8 @@ def new_user(sessions, cap: int | None = None) -> tuple[str, str]:
 
 
 def add_job(sessions, owner: str, queue: str, priority: int = 0, params=None, **over) -> str:
-    with sessions() as s:
-        now = utcnow()
-        job = Job(owner_id=owner, kind="train", model="yolo9-t", data="/data/x.yaml",
-                  params=params or {"epochs": 1}, gpus=0, procs=1, priority=priority,
-                  queue=queue, status="queued", attempt=0, max_attempts=3,
-                  cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
-                  created_at=now, enqueued_at=now, sent_at=now, **over)
-        s.add(job)
-        s.flush()
-        append_events(s, job.id, [("status", time.time(), {"event": "status",
-                                                            "status": "queued"})])
-        s.commit()
-        return job.id
+    return queued_job(sessions, owner, queue=queue, priority=priority,
+                      params=params or {"epochs": 1}, sent_at=utcnow(), **over)
 
 
 def take(sessions, queue: str, settings, worker: str = "w1", **kw) -> str | None:
