@@ -71,10 +71,9 @@ def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tu
     from libreyolo_core.engine.cuda_graph import CudaGraphManager
     from libreyolo_core.engine.ema import ModelEMA
     from libreyolo_core.engine.optim import build_optimizer
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
-    spec, size = parse_model_name(cfg.model)
-    family = load_family(spec)
+    family, size = parse_model_name(cfg.model)
     device = torch.device("cuda")
     torch.manual_seed(cfg.seed)
     model = family.build_model(size, nc).to(device).train()

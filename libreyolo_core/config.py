@@ -2,8 +2,8 @@
 
 Pydantic v2, importable without torch: the service validates job requests with it. Each
 field carries its default, type, range and meaning; cross-field rules live in the model
-validator. Family defaults (reference E.2) come from the model registry and replace only
-the keys the user did not set (:func:`resolve_config`).
+validator. Family defaults (``Family.overrides``, docs/architecture.md "Models") come from
+the model registry and replace only the keys the user did not set (:func:`resolve_config`).
 
 Names follow the field's standard terms (LibreYOLO / Ultralytics); a few Ultralytics or
 older LibreYOLO spellings are accepted as aliases (see :data:`ALIASES`).
@@ -59,8 +59,8 @@ class ConfigError(ValueError):
 class TrainConfig(BaseModel):
     """Every training key with its default, type and range.
 
-    The defaults are LibreYOLO's base defaults (reference E.1); a model family replaces
-    some of them (reference E.2, :mod:`libreyolo_core.models.registry`). Effective LR is
+    The defaults are LibreYOLO's base defaults; a model family replaces some of them
+    (:attr:`~libreyolo_core.models.family.Family.overrides`). Effective LR is
     ``lr0`` whatever the batch; ``nbs`` adds gradient accumulation instead.
     """
 
@@ -155,8 +155,8 @@ class TrainConfig(BaseModel):
     @field_validator("model", mode="before")
     @classmethod
     def _model_name(cls, v: Any) -> str:
-        spec, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
-        return f"{spec.name}-{size}"
+        family, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
+        return f"{family.name}-{size}"
 
     @field_validator("data", "project", "name", mode="before")
     @classmethod
@@ -345,10 +345,10 @@ def resolve_config(overrides: Mapping[str, Any] | None = None, **kwargs: Any) ->
         if key not in TrainConfig.model_fields:
             raise _unknown_key_error(key)
     try:
-        spec, size = parse_model_name(given.get("model", TrainConfig.model_fields["model"].default))
+        family, size = parse_model_name(given.get("model", TrainConfig.model_fields["model"].default))
     except ModelNameError as exc:
         raise ConfigError("model", given.get("model"), str(exc), str(exc)) from None
-    merged = {**spec.defaults(size), **given}
+    merged = {**family.defaults(size), **given}
     try:
         cfg = TrainConfig(**merged)
     except ValidationError as exc:
@@ -364,9 +364,9 @@ def describe_config(cfg: TrainConfig) -> str:
     Source is ``user`` for keys the user set, ``family`` for family defaults, else
     ``default``.
     """
-    spec, size = parse_model_name(cfg.model)
-    family_keys = set(spec.defaults(size))
-    lines = [f"# resolved training config for {cfg.model} ({spec.title})"]
+    family, size = parse_model_name(cfg.model)
+    family_keys = set(family.defaults(size))
+    lines = [f"# resolved training config for {cfg.model} ({family.title})"]
     width = max(len(k) for k in TrainConfig.model_fields)
     for key, info in TrainConfig.model_fields.items():
         value = getattr(cfg, key)
