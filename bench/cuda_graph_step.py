@@ -58,7 +58,7 @@ def one_batch(yaml_path: Path, cfg, batch: int):
 
     data_cfg = load_data_config(yaml_path)
     ds = YOLODataset(scan_split(data_cfg, "train"), cfg.imgsz, augment=True,
-                     hyp=cfg.model_dump(), seed=cfg.seed)
+                     aug=cfg.augment, seed=cfg.seed)
     loader = build_dataloader(ds, batch, 0, shuffle=True, seed=cfg.seed, drop_last=True)
     return next(iter(loader)), len(data_cfg.names), len(ds)
 

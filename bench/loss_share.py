@@ -37,7 +37,7 @@ def measure(data: Path, model_name: str, imgsz: int, batch: int, steps: int, dev
     cfg = resolve_config({"model": model_name, "data": str(data), "imgsz": imgsz})
     family, size = parse_model_name(model_name)
     report = scan_split(load_data_config(data), "train")
-    dataset = YOLODataset(report, imgsz, augment=True, hyp=cfg.model_dump(), seed=0)
+    dataset = YOLODataset(report, imgsz, augment=True, aug=cfg.augment, seed=0)
     loader = build_dataloader(dataset, batch, 0, shuffle=True, seed=0, drop_last=True)
     loader.sampler.set_epoch(0)
     batches = [b for _, b in zip(range(steps + 2), loader, strict=False)]

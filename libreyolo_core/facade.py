@@ -296,7 +296,7 @@ class LibreYOLO:
             raise DataConfigError(f"{dc.yaml_path}: {len(dc.names)} classes but the model has {self.nc}")
         dev = select_device(device)
         report = scan_split(dc, split)
-        ds = YOLODataset(report, self._inference_size(imgsz), augment=False, hyp={}, cache=False)
+        ds = YOLODataset(report, self._inference_size(imgsz), augment=False, cache=False)
         loader = build_dataloader(ds, batch, workers, shuffle=False)
         self.model.to(dev)
         try:

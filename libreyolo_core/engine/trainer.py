@@ -279,8 +279,7 @@ class Trainer:
             torch.manual_seed(cfg.seed + self.dist.rank)
             self.model = self._sync_batchnorm(self.model)
 
-        hyp = cfg.model_dump()
-        self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp,
+        self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment,
                                      cache=cfg.cache, seed=cfg.seed, rank=self.dist.rank)
         visible = math.ceil(len(self.train_set) / self.dist.world_size)
         self.train_loader = build_dataloader(
@@ -293,7 +292,7 @@ class Trainer:
                      visible, self.rank_batch)
         self.val_loader = None
         if val_report is not None:
-            val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
+            val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache,
                                   seed=cfg.seed, rank=0)
             self.val_loader = build_dataloader(val_set, self.rank_batch, min(cfg.workers, 2),
                                                shuffle=False, seed=cfg.seed)

@@ -389,7 +389,7 @@ def time_validation(cfg: Any, device: Any, batches: int = VAL_BATCHES) -> tuple[
 
     dc = load_data_config(cfg.data)
     report = scan_split(dc, "val" if dc.val else "train")
-    ds = YOLODataset(report, cfg.imgsz, augment=False, hyp=cfg.model_dump(), cache=cfg.cache,
+    ds = YOLODataset(report, cfg.imgsz, augment=False, cache=cfg.cache,
                      seed=cfg.seed, rank=0)
     loader = build_dataloader(ds, cfg.batch, min(cfg.workers, 2), shuffle=False, seed=cfg.seed)
     total = len(loader)
