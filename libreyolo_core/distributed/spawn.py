@@ -1,5 +1,5 @@
 """The spawn launcher: one DDP worker process per device from a plain Python call
-(reference D.2, spec-training §4).
+(docs/architecture.md, "Multi-device").
 
 ``LibreYOLO.train(device="0,1")`` without a torchrun environment ends up in
 :func:`spawn_train`: the caller's weights go to a temporary file, every worker

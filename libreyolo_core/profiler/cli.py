@@ -34,7 +34,7 @@ __all__ = ["main", "build_parser", "load_profile", "aggregate", "ReaderError"]
 
 EXIT_OK, EXIT_TRACE, EXIT_USAGE, EXIT_NO_PROFILE = 0, 1, 2, 3
 
-#: Scalars averaged over repeat trials (reference A.6).
+#: Scalars averaged over repeat trials (docs/architecture.md, "Profiler").
 REPEAT_SCALARS = (
     "step_ms",
     "gpu_util",
