@@ -69,8 +69,8 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     logging.disable(logging.INFO)
     warnings.simplefilter("ignore")
-    from libreyolo_core.data import load_data_config, scan_split
     from libreyolo_core.config import AugmentConfig
+    from libreyolo_core.data import load_data_config, scan_split
 
     aug = AugmentConfig(mixup=0.0) if a.no_mixup else AugmentConfig()
     with tempfile.TemporaryDirectory() as tmp:

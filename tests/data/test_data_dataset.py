@@ -12,9 +12,9 @@ import torch
 from data_helpers import write_image
 from PIL import Image
 
+from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import augment as A
 from libreyolo_core.data import dataset as dataset_mod
-from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.scan import DatasetWarning, scan_images
 

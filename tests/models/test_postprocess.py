@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libreyolo_core.models import postprocess as pp
 from libreyolo_core.models import get_family
+from libreyolo_core.models import postprocess as pp
 
 yolo9 = get_family("yolo9")
 
