@@ -7,7 +7,7 @@ Prints ONE line, e.g.::
 coco128 is copied to a temporary folder first (the label cache is written there, never
 into the shared copy). For each worker count: build the loader, load 1 warm-up batch
 (worker start-up, first decodes), then time ``--batches`` batches, wrapping around epochs
-(``set_epoch`` each time, as the trainer does). Augmentation = ``DEFAULT_HYP`` (TrainConfig
+(``set_epoch`` each time, as the trainer does). Augmentation = ``AugmentConfig()`` (TrainConfig
 base defaults: mosaic 1.0, mixup 1.0, HSV, flips, affine) unless ``--no-mixup``.
 
 Usage: ``python bench/data_throughput.py [--data DIR] [--imgsz 640] [--batch 16]
