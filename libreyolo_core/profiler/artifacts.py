@@ -144,32 +144,8 @@ def build_profile(
     bound, why = V.decide(fig)
     host = max(step_ms - busy - real["dataload_ms"], 0.0) if busy is not None else None
     kernels = g.get("kernels", [])
-    trace_phases = {r["phase"]: r for r in a.get("phases", [])}
-    phases = []
-    for p in order_phases(set(trace_phases) | set(composition_ms) | {"dataload"}):
-        t = trace_phases.get(p, {})
-        tg = t if gpu else {}
-        phases.append(
-            {
-                "phase": p,
-                "gpu_ms_per_step": tg.get("gpu_ms_per_step"),
-                "cpu_ms_per_step": t.get("cpu_ms_per_step"),
-                "wall_ms_per_step": real["dataload_ms"] if p == "dataload" else composition_ms.get(p),
-                "kernels_per_step": tg.get("kernels_per_step", 0.0),
-                "ops_per_step": t.get("ops_per_step", 0.0),
-                "unique_kernels": tg.get("unique_kernels", 0),
-            }
-        )
-    notes = []
-    if cpu:
-        notes.append(
-            "CPU run: device utilisation is not applicable; CPU ops are mined instead "
-            "of GPU kernels"
-        )
-    elif not meta.get("amp", True):
-        notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
-    if analysis is None:
-        notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    phases = _phase_rows(a.get("phases", []), composition_ms, real["dataload_ms"], gpu)
+    notes = _notes(device_type, meta, analysis, trace_error)
     confidence = assess(*spread, load, bound) if spread is not None else None
     fields: dict[str, Any] = {
         "schema": SCHEMA,
@@ -226,6 +202,43 @@ def build_profile(
         "steps": list(steps),
     }
     return with_metrics(ProfileRecord.of(_clean(fields)))
+
+
+def _phase_rows(trace_rows: Sequence[Mapping[str, Any]], composition_ms: Mapping[str, float],
+                dataload_ms: float, gpu: bool) -> list[dict[str, Any]]:
+    """One :class:`~.record.PhaseRow` dict per phase of the trace or the synced steps, in
+    step order; GPU columns are empty without GPU kernels."""
+    by_phase = {r["phase"]: r for r in trace_rows}
+    rows = []
+    for p in order_phases(set(by_phase) | set(composition_ms) | {"dataload"}):
+        t = by_phase.get(p, {})
+        tg = t if gpu else {}
+        rows.append({
+            "phase": p,
+            "gpu_ms_per_step": tg.get("gpu_ms_per_step"),
+            "cpu_ms_per_step": t.get("cpu_ms_per_step"),
+            "wall_ms_per_step": dataload_ms if p == "dataload" else composition_ms.get(p),
+            "kernels_per_step": tg.get("kernels_per_step", 0.0),
+            "ops_per_step": t.get("ops_per_step", 0.0),
+            "unique_kernels": tg.get("unique_kernels", 0),
+        })
+    return rows
+
+
+def _notes(device_type: str, meta: Mapping[str, Any], analysis: Mapping[str, Any] | None,
+           trace_error: str | None) -> list[str]:
+    """The caveats a reader should see next to the figures."""
+    notes = []
+    if device_type == "cpu":
+        notes.append(
+            "CPU run: device utilisation is not applicable; CPU ops are mined instead "
+            "of GPU kernels"
+        )
+    elif not meta.get("amp", True):
+        notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
+    if analysis is None:
+        notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    return notes
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
