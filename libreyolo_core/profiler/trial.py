@@ -77,15 +77,16 @@ class TrialResult:
         if not path.is_file():
             raise NoProfileError(f"{run_dir}: no profile.json")
         p = json.loads(path.read_text(encoding="utf-8"))
+        rec = ProfileRecord.of(p)
         trace = path.with_name(TRACE_NAME)
         return cls(
             run_dir=Path(run_dir), profile_path=path,
             trace_path=trace if trace.is_file() else None,
-            verdict=p.get("bound"), bound_why=p.get("bound_why"), lever=p.get("lever") or {},
-            img_per_s=p.get("img_per_s"), step_ms=p.get("step_ms"),
-            dataload_frac=p.get("dataload_frac"), gpu_util=p.get("gpu_util"),
-            confidence=Confidence.from_dict(p.get("confidence")),
-            load=WindowLoad.from_dict(p.get("load")), profile=p,
+            verdict=rec.bound, bound_why=rec.bound_why,
+            lever=rec.lever.to_dict() if rec.lever is not None else {},
+            img_per_s=rec.img_per_s, step_ms=rec.step_ms,
+            dataload_frac=rec.dataload_frac, gpu_util=rec.gpu_util, confidence=rec.confidence,
+            load=WindowLoad.from_dict(rec.load.to_dict() if rec.load is not None else None), profile=p,
         )
 
 
