@@ -12,6 +12,7 @@ unconditionally. See docs/architecture.md, "Models".
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -47,12 +48,18 @@ class Family:
     title: ClassVar[str]
     sizes: ClassVar[Mapping[str, int]]
     stride: ClassVar[int] = 32
-    overrides: ClassVar[Mapping[str, Any]] = {}
+    overrides: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     amp: ClassVar[bool] = True
     sync_bn: ClassVar[bool] = True
     cuda_graph: ClassVar[bool] = True
     spawn: ClassVar[bool] = True
     scale_loss_by_batch: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for attr in ("sizes", "overrides"):  # read-only, so no caller can change a family
+            if attr in cls.__dict__:
+                setattr(cls, attr, MappingProxyType(dict(cls.__dict__[attr])))
 
     def __repr__(self) -> str:
         return f"<family {self.name} ({self.title}), sizes {', '.join(self.sizes)}>"

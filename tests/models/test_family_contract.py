@@ -44,6 +44,8 @@ def test_family_declares_the_contract(name):
     assert family.sizes and all(s.isalpha() for s in family.sizes)
     assert all(v % family.stride == 0 for v in family.sizes.values())
     assert set(family.overrides) <= set(TrainConfig.model_fields)
+    with pytest.raises(TypeError):
+        family.sizes["zz"] = 32  # read-only
     for size in family.sizes:
         cfg = TrainConfig(model=f"{name}-{size}", **family.defaults(size))
         assert cfg.imgsz == family.sizes[size]
