@@ -38,7 +38,6 @@ from libreyolo_core.data.scan import (
 
 _LAZY = {
     "YOLODataset": "libreyolo_core.data.dataset",
-    "DEFAULT_HYP": "libreyolo_core.data.dataset",
     "Batch": "libreyolo_core.data.loader",
     "build_dataloader": "libreyolo_core.data.loader",
     "collate": "libreyolo_core.data.loader",

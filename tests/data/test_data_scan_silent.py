@@ -42,7 +42,7 @@ def test_truncated_image_is_repaired_and_used_with_a_warning(yolo_dataset, fmt) 
     assert len(msgs) == 1 and msgs[0].startswith(f"{bad}: ") and "missing part grey and used" in msgs[0]
     with pytest.raises(OSError, match="truncated"):
         load_image(bad)  # strict by default (predict names the file)
-    ds = YOLODataset(report, 64, augment=False, hyp={})
+    ds = YOLODataset(report, 64, augment=False)
     img, labels, _ = ds[[r.im_file for r in report.records].index(bad)]
     assert img.shape == (3, 64, 64) and len(labels) == 1
 

@@ -248,10 +248,10 @@ def write_weights(path: Path, nc: int = 2) -> Path:
     a published ``best.pt`` holds. Imports torch (test processes only)."""
     import torch
 
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
-    spec, size = parse_model_name("yolo9-t")
-    model = load_family(spec).build_model(size, nc)
+    family, size = parse_model_name("yolo9-t")
+    model = family.build_model(size, nc)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {k: v.half() if v.is_floating_point() else v
                           for k, v in model.state_dict().items()},
