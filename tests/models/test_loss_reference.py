@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libreyolo_core.models.registry import get_family, load_family
+from libreyolo_core.models.registry import get_family
 from libreyolo_core.weights import load_weights
 
 libreyolo = pytest.importorskip("libreyolo", reason="test-only reference: `make setup` installs libreyolo==1.6.0")
@@ -48,7 +48,7 @@ def _pair(family: str, tmp_path, seed: int):
     ref = cls(model_path=None, size="t", nb_classes=NC, device="cpu")
     _randomise(ref.model, seed)
     ours = load_weights(ref.save(str(tmp_path / f"{family}.pt"))).build()
-    return ref.model.train(), ours.train(), load_family(get_family(family))
+    return ref.model.train(), ours.train(), get_family(family)
 
 
 def _our_targets() -> torch.Tensor:
