@@ -111,47 +111,15 @@ def build_parts(cfg: TrainConfig, *, spec: Any, family: Any, size: str, data: Da
         DatasetError: a split that cannot be scanned.
     """
     main, ddp = dist.is_main, dist.enabled
-    nc = len(data.names)
-    train_report = scan_split(data, "train")
-    val_split = "val" if data.val else "train"
-    if val_split == "train" and cfg.val and main:
-        log.warning("%s has no 'val:' split: validating on the train split (its metrics "
-                    "overstate what the model does on unseen images)", data.yaml_path)
-    # validation runs on rank 0 alone (the others wait), so its metrics are one process's
-    val_report = scan_split(data, val_split) if cfg.val and main else None
-
-    # model (DDP broadcasts rank 0's weights when the trainer wraps it)
-    if model is None or arch is not None or getattr(unwrap(model), "nc", nc) != nc:
-        model = family.build_model(size, nc, **(arch or {}))
-    model.to(device)
-    frozen = freeze_modules(model, cfg.freeze)
-    if frozen and main:
-        log.info("freeze: %d modules keep their weights and BatchNorm statistics: %s", len(frozen),
-                 ", ".join(compact_names(frozen)))
+    train_report, val_report = _scan(cfg, data, main)
+    model, frozen = _model(cfg, family, size, len(data.names), device, main, model, arch)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     batch = _resolve_batch(cfg, model, device, dist, amp)
     rank_batch = per_rank_batch(batch, dist.world_size)
     if ddp:
         torch.manual_seed(cfg.seed + dist.rank)
         model = _sync_batchnorm(model, cfg, device, dist, batch, rank_batch)
-
-    hyp = cfg.model_dump()
-    train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp, cache=cfg.cache,
-                            seed=cfg.seed, rank=dist.rank)
-    visible = math.ceil(len(train_set) / dist.world_size)
-    train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
-                                    rank=dist.rank, world_size=dist.world_size,
-                                    drop_last=visible >= rank_batch)
-    if visible >= rank_batch and visible % rank_batch and main:
-        log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
-                 "batch of %d); shuffling drops other images each epoch", visible % rank_batch,
-                 visible, rank_batch)
-    val_loader = None
-    if val_report is not None:
-        val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
-                              seed=cfg.seed, rank=0)
-        val_loader = build_dataloader(val_set, rank_batch, min(cfg.workers, 2), shuffle=False,
-                                      seed=cfg.seed)
+    train_set, train_loader, val_loader = _loaders(cfg, train_report, val_report, dist, rank_batch)
 
     loss_fn = family.build_loss(model, cfg)
     if ddp and hasattr(loss_fn, "normalizer_reduce"):
@@ -181,6 +149,54 @@ def build_parts(cfg: TrainConfig, *, spec: Any, family: Any, size: str, data: Da
                       loss_fn=loss_fn, item_names=tuple(loss_fn.item_names), cuda_graph=cuda_graph,
                       accumulate=accumulate, optimizer=optimizer, steps_per_epoch=steps_per_epoch,
                       schedule=schedule, ema=ema)
+
+
+def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:
+    """The train split's scan report and the val split's (the train split when the yaml
+    has no ``val:``; None unless ``val`` and rank 0)."""
+    train_report = scan_split(data, "train")
+    val_split = "val" if data.val else "train"
+    if val_split == "train" and cfg.val and main:
+        log.warning("%s has no 'val:' split: validating on the train split (its metrics "
+                    "overstate what the model does on unseen images)", data.yaml_path)
+    # validation runs on rank 0 alone (the others wait), so its metrics are one process's
+    return train_report, (scan_split(data, val_split) if cfg.val and main else None)
+
+
+def _model(cfg: TrainConfig, family: Any, size: str, nc: int, device: torch.device, main: bool,
+           model: nn.Module | None, arch: dict[str, Any] | None) -> tuple[nn.Module, list[str]]:
+    """The network on ``device`` (see :func:`build_parts` for when it is built anew) and the
+    names of the modules ``freeze`` keeps. Under DDP the wrapper broadcasts rank 0's weights."""
+    if model is None or arch is not None or getattr(unwrap(model), "nc", nc) != nc:
+        model = family.build_model(size, nc, **(arch or {}))
+    model.to(device)
+    frozen = freeze_modules(model, cfg.freeze)
+    if frozen and main:
+        log.info("freeze: %d modules keep their weights and BatchNorm statistics: %s", len(frozen),
+                 ", ".join(compact_names(frozen)))
+    return model, frozen
+
+
+def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistContext,
+             rank_batch: int) -> tuple[YOLODataset, Any, Any]:
+    """The augmented train set, its loader (each rank its share) and the val loader (or None)."""
+    hyp = cfg.model_dump()
+    train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp, cache=cfg.cache,
+                            seed=cfg.seed, rank=dist.rank)
+    visible = math.ceil(len(train_set) / dist.world_size)
+    train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
+                                    rank=dist.rank, world_size=dist.world_size,
+                                    drop_last=visible >= rank_batch)
+    if visible >= rank_batch and visible % rank_batch and dist.is_main:
+        log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
+                 "batch of %d); shuffling drops other images each epoch", visible % rank_batch,
+                 visible, rank_batch)
+    if val_report is None:
+        return train_set, train_loader, None
+    val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
+                          seed=cfg.seed, rank=0)
+    return train_set, train_loader, build_dataloader(val_set, rank_batch, min(cfg.workers, 2),
+                                                     shuffle=False, seed=cfg.seed)
 
 
 def _resolve_batch(cfg: TrainConfig, model: nn.Module, device: torch.device, dist: DistContext,
