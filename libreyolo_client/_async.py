@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from libreyolo_client import _follow
 from libreyolo_client._client import (
     CHUNK,
     DEFAULT_TIMEOUT,
@@ -38,15 +39,7 @@ from libreyolo_client._errors import (
     error_from_response,
     no_answer,
 )
-from libreyolo_client._follow import (
-    CloseStream,
-    Deliver,
-    Follower,
-    GetPage,
-    NextSSE,
-    OpenStream,
-    Sleep,
-)
+from libreyolo_client._follow import Follower
 from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model, Preflight, TuneReport
 from libreyolo_client._sse import SSEvent, aparse_sse
 
@@ -112,13 +105,13 @@ class AsyncClient(_Base):
                 lines: AsyncIterator[SSEvent] | None = None
                 while (op := follower.next_op()) is not None:
                     try:
-                        if isinstance(op, Deliver):
+                        if isinstance(op, _follow.Deliver):
                             yield op.event
-                        elif isinstance(op, Sleep):
+                        elif isinstance(op, _follow.Sleep):
                             await asyncio.sleep(op.seconds)
-                        elif isinstance(op, GetPage):
+                        elif isinstance(op, _follow.GetPage):
                             follower.answer(await self._json("GET", op.path, params=op.params))
-                        elif isinstance(op, OpenStream):
+                        elif isinstance(op, _follow.OpenStream):
                             r = await stream.enter_async_context(self._http.stream(
                                 "GET", op.path, headers=op.headers, timeout=op.timeout))
                             if r.status_code >= 400:
@@ -126,10 +119,10 @@ class AsyncClient(_Base):
                                 raise error_from_response(r)
                             lines = aparse_sse(r.aiter_lines())
                             follower.answer(r.headers.get("content-type", ""))
-                        elif isinstance(op, NextSSE):
+                        elif isinstance(op, _follow.NextSSE):
                             follower.answer(await anext(lines, None) if lines is not None
                                             else None)
-                        elif isinstance(op, CloseStream):
+                        elif isinstance(op, _follow.CloseStream):
                             await stream.aclose()
                     except Exception as exc:
                         await stream.aclose()

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from libreyolo_client import _config
+from libreyolo_client import _config, _follow
 from libreyolo_client._errors import (
     APIError,
     ChecksumError,
@@ -36,15 +36,7 @@ from libreyolo_client._errors import (
     error_from_response,
     no_answer,
 )
-from libreyolo_client._follow import (
-    CloseStream,
-    Deliver,
-    Follower,
-    GetPage,
-    NextSSE,
-    OpenStream,
-    Sleep,
-)
+from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
     DatasetInfo,
@@ -250,13 +242,13 @@ class Client(_Base):
             lines: Iterator[SSEvent] | None = None
             while (op := follower.next_op()) is not None:
                 try:
-                    if isinstance(op, Deliver):
+                    if isinstance(op, _follow.Deliver):
                         yield op.event
-                    elif isinstance(op, Sleep):
+                    elif isinstance(op, _follow.Sleep):
                         time.sleep(op.seconds)
-                    elif isinstance(op, GetPage):
+                    elif isinstance(op, _follow.GetPage):
                         follower.answer(self._json("GET", op.path, params=op.params))
-                    elif isinstance(op, OpenStream):
+                    elif isinstance(op, _follow.OpenStream):
                         r = stream.enter_context(self._http.stream(
                             "GET", op.path, headers=op.headers, timeout=op.timeout))
                         if r.status_code >= 400:
@@ -264,9 +256,9 @@ class Client(_Base):
                             raise error_from_response(r)
                         lines = parse_sse(r.iter_lines())
                         follower.answer(r.headers.get("content-type", ""))
-                    elif isinstance(op, NextSSE):
+                    elif isinstance(op, _follow.NextSSE):
                         follower.answer(next(lines, None) if lines is not None else None)
-                    elif isinstance(op, CloseStream):
+                    elif isinstance(op, _follow.CloseStream):
                         stream.close()
                 except Exception as exc:
                     stream.close()
