@@ -1,7 +1,8 @@
 """``Client`` and ``Job``: the synchronous SDK over httpx.
 
 Everything that does no I/O (URLs, headers, request bodies, parsing replies, retry
-decisions) lives in :class:`_Base`, so the async twin (``libreyolo_client._async``)
+decisions) lives in :class:`_Base`, and following a job's events in
+:class:`libreyolo_client._follow.Follower`, so the async twin (``libreyolo_client._async``)
 only sends and awaits.
 """
 
