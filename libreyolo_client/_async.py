@@ -25,14 +25,13 @@ from libreyolo_client._client import (
     RETRY_STATUSES,
     TUNE_OPTIONS,
     _Base,
+    _final,
     _request_of,
     _sha256,
 )
 from libreyolo_client._errors import (
     ChecksumError,
     Conflict,
-    JobCancelled,
-    JobFailed,
     ServiceUnavailable,
     SubmitWarning,
     ValidationError,
@@ -295,11 +294,7 @@ class AsyncJob:
         while not info.done:
             await asyncio.sleep(0.5)
             info = await self.refresh()
-        if raise_on_failure and info.status == "failed":
-            raise JobFailed(info)
-        if raise_on_failure and info.status == "cancelled":
-            raise JobCancelled(info)
-        return info
+        return _final(info, raise_on_failure)
 
     async def download(self, path: str = "weights/best.pt",
                        dest: str | os.PathLike[str] | None = None) -> Path:

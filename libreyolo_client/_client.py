@@ -730,11 +730,7 @@ class Job:
                 raise WaitTimeout(f"job {self.id} still {info.status}")
             time.sleep(0.5)
             info = self.refresh()
-        if raise_on_failure and info.status == "failed":
-            raise JobFailed(info)
-        if raise_on_failure and info.status == "cancelled":
-            raise JobCancelled(info)
-        return info
+        return _final(info, raise_on_failure)
 
     def logs(self, *, follow: bool = False, tail: int | None = None,
              poll_s: float = 1.0) -> Iterator[str]:
@@ -878,6 +874,16 @@ class Job:
             if total is not None and done < total:
                 raise httpx.RemoteProtocolError(f"connection closed at {done}/{total} bytes")
         return expected
+
+
+def _final(info: JobInfo, raise_on_failure: bool) -> JobInfo:
+    """A finished job's ``info``; with ``raise_on_failure``, :class:`JobFailed` or
+    :class:`JobCancelled` instead when it did not succeed (``wait`` of both clients)."""
+    if raise_on_failure and info.status == "failed":
+        raise JobFailed(info)
+    if raise_on_failure and info.status == "cancelled":
+        raise JobCancelled(info)
+    return info
 
 
 def _request_of(exc: httpx.HTTPError) -> httpx.Request | None:
