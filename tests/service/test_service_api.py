@@ -30,11 +30,12 @@ def alice(server, sessions):
         yield c
 
 
-def test_service_never_imports_torch():
+def test_service_never_imports_torch_nor_the_sdk():
     code = ("import sys, service.app, service.cli, service.queue, worker.tasks, worker.runner;"
             "from service.settings import Settings; service.app.create_app(Settings("
             "home='/tmp/lyt-import', broker_url='memory://'));"
-            "assert 'torch' not in sys.modules, 'torch imported'")
+            "assert 'torch' not in sys.modules, 'torch imported';"
+            "assert 'libreyolo_client' not in sys.modules, 'the SDK imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
