@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from service.api.deps import SessionDep, SettingsDep
 from service.db.models import Job, Model
+from service.users import owns
 from service.web.pages import _base_context, _render, _to_signin, page_user
 
 __all__ = ["router"]
@@ -37,7 +38,7 @@ def model_page(model_id: str, request: Request, session: SessionDep, settings: S
     if user is None:
         return _to_signin(request)
     model = session.get(Model, model_id)
-    if model is None or (model.owner_id != user.id and not user.is_admin):
+    if model is None or not owns(user, model.owner_id):
         return _render(request, "error.html", {
             **_base_context(request, user, "models"), "title": "Model not found",
             "message": f"There is no model {model_id} among your models."}, status_code=404)

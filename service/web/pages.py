@@ -37,11 +37,12 @@ from service.api.deps import (
 from service.api.jobs import queue_outlooks
 from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem
-from service.db.models import TERMINAL, Artifact, Dataset, Job, User
-from service.ops import user_for_token
+from service.db.models import Artifact, Dataset, Job, User
+from service.lifecycle import TERMINAL
 from service.scheduler import Outlook
 from service.settings import Settings
 from service.storage import artifact_kind
+from service.users import user_for_token
 from service.workers import live_queues, waiting_reason
 
 __all__ = ["router", "PAGE_CSP"]
