@@ -58,7 +58,7 @@ def list_events(
 @router.get(
     "/{job_id}/events/stream", operation_id="jobs-events-stream",
     responses={**OWNED_JOB_ERRORS, 200: {"content": {"text/event-stream": {}},
-                                   "description": "Server-Sent Events"}},
+                                         "description": "Server-Sent Events"}},
 )
 def stream_events(
     job: OwnedJob, request: Request, settings: SettingsDep,

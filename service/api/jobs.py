@@ -68,7 +68,7 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live)
-    where = (outlooks or {}).get(job.id) if job.status == "queued" else None
+    where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     if where is not None:
         out.queue_position = where.position
         out.effective_priority = where.effective_priority
@@ -79,9 +79,8 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
 def queue_outlooks(session: Any, settings: Any, jobs: list[Job],
                    live: dict[str, int]) -> dict[str, Outlook]:
     """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``."""
-    queues = {j.queue for j in jobs if j.status == "queued"}
+    queues = {j.queue for j in jobs if j.status == JobStatus.QUEUED}
     return outlook(session, settings, queues, live) if queues else {}
-
 
 
 @router.post(
@@ -169,7 +168,7 @@ def submit_job(
         response.status_code = 200
         return job_public(existing, session=session, settings=settings)
     append_events(session, job.id, [("status", time.time(), {"event": "status",
-                                                              "status": JobStatus.QUEUED})])
+                                                             "status": JobStatus.QUEUED})])
     session.commit()
     session.refresh(job)
     try:

@@ -154,7 +154,7 @@ def _family_of(session: Session, store: Any, model: str) -> str | None:
 
 
 def resolve_model(session: Session, user: User, store: Any,
-                   model: str) -> tuple[str, str | None]:
+                  model: str) -> tuple[str, str | None]:
     """Resolve ``job:<id>/<path>`` (or a model id, ``m...``) to the checkpoint's absolute path.
 
     Returns:
