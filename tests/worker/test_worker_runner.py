@@ -262,7 +262,7 @@ def test_kill_leftovers_only_hits_the_job_dir(tmp_path):
     import subprocess
     import sys
 
-    from worker.runner import kill_leftovers
+    from worker.process import kill_leftovers
 
     job_dir = tmp_path / "job"
     job_dir.mkdir()
