@@ -31,7 +31,7 @@ from service.ops import transition
 from service.scheduler import claim as scheduler_claim
 from service.settings import Settings
 from service.storage import ArtifactStore
-from service.users import owns
+from service.users import owns, visible_to
 
 __all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
            "request_cancel", "expired_leases", "expire"]
@@ -58,9 +58,7 @@ def list_jobs(*, session: Session, user: User, statuses: Iterable[str] = (),
     Returns:
         ``(rows, more)``: ``more`` when older jobs follow the last row.
     """
-    stmt = select(Job).order_by(Job.id.desc()).limit(limit + 1)
-    if not user.is_admin:
-        stmt = stmt.where(Job.owner_id == user.id)
+    stmt = visible_to(select(Job).order_by(Job.id.desc()).limit(limit + 1), Job.owner_id, user)
     statuses = set(statuses)
     if statuses:
         stmt = stmt.where(Job.status.in_(statuses))

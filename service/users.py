@@ -7,19 +7,27 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from service.db.models import Token, User
 
-__all__ = ["hash_token", "create_user_token", "user_for_token", "set_user_cap", "owns"]
+__all__ = ["hash_token", "create_user_token", "user_for_token", "set_user_cap", "owns",
+           "visible_to"]
 
 
 def owns(user: User, owner_id: str) -> bool:
     """The ownership rule: ``user`` may see and change a row of ``owner_id`` (a job, a
     dataset, a model) when it is theirs or when they are an admin."""
     return owner_id == user.id or user.is_admin
+
+
+def visible_to(stmt: Select, owner_id: Any, user: User) -> Select:
+    """``stmt`` limited to the rows :func:`owns` lets ``user`` see: those whose
+    ``owner_id`` column is the user's (an admin's statement is left as it is)."""
+    return stmt if user.is_admin else stmt.where(owner_id == user.id)
 
 
 def hash_token(token: str) -> str:

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from service.api.deps import SessionDep, SettingsDep
 from service.db.models import Job, Model
-from service.users import owns
+from service.users import owns, visible_to
 from service.web.routes import base_context, page_user, render, to_signin
 
 __all__ = ["router"]
@@ -23,9 +23,7 @@ def models_page(request: Request, session: SessionDep, settings: SettingsDep) ->
     user = page_user(request, session, settings)
     if user is None:
         return to_signin(request)
-    stmt = select(Model).order_by(Model.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Model.owner_id == user.id)
+    stmt = visible_to(select(Model).order_by(Model.id.desc()), Model.owner_id, user)
     return render(request, "models.html", {**base_context(request, user, "models"),
                                            "models": list(session.scalars(stmt))})
 

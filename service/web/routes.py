@@ -40,7 +40,7 @@ from service.api.schemas import JobKind
 from service.api.submit_rules import GPU_COUNTS
 from service.db.models import Dataset, User
 from service.lifecycle import TERMINAL, JobStatus
-from service.users import user_for_token
+from service.users import user_for_token, visible_to
 from service.web.formatting import fmt_age, fmt_bytes, fmt_duration, fmt_metric, iso
 from service.web.views import prefill, rows_context, summary_context
 
@@ -196,10 +196,7 @@ def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
     user = page_user(request, session, settings)
     if user is None:
         return to_signin(request)
-    stmt = select(Dataset).order_by(Dataset.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Dataset.owner_id == user.id)
-    datasets = list(session.scalars(stmt))
+    datasets = _datasets(session, user)
     ctx = rows_context(session, user, status if status in STATUS_FILTERS else None,
                        kind if kind in KIND_FILTERS else None, before, settings)
     return render(request, "jobs.html", {
@@ -261,12 +258,15 @@ def datasets_page(request: Request, session: SessionDep, settings: SettingsDep) 
     user = page_user(request, session, settings)
     if user is None:
         return to_signin(request)
-    stmt = select(Dataset).order_by(Dataset.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Dataset.owner_id == user.id)
-    datasets = [dataset_public(d, settings) for d in session.scalars(stmt)]
+    datasets = [dataset_public(d, settings) for d in _datasets(session, user)]
     return render(request, "datasets.html", {**base_context(request, user, "datasets"),
                                              "datasets": datasets})
+
+
+def _datasets(session: SessionDep, user: User) -> list[Dataset]:
+    """The user's datasets (an admin's: everyone's), newest first."""
+    return list(session.scalars(visible_to(select(Dataset).order_by(Dataset.id.desc()),
+                                           Dataset.owner_id, user)))
 
 
 @router.post("/web/params")

@@ -25,6 +25,7 @@ from service.lifecycle import TERMINAL, JobStatus
 from service.scheduler import Outlook
 from service.settings import Settings
 from service.storage import artifact_kind
+from service.users import visible_to
 from service.web.formatting import (
     PROFILE_FIGURES,
     aware,
@@ -91,9 +92,7 @@ def job_progress(job: Job, live: dict[str, int] | None = None,
 
 
 def _dataset_names(session: SessionDep, user: User) -> dict[str, str]:
-    stmt = select(Dataset.path, Dataset.name)
-    if not user.is_admin:
-        stmt = stmt.where(Dataset.owner_id == user.id)
+    stmt = visible_to(select(Dataset.path, Dataset.name), Dataset.owner_id, user)
     return {path: name for path, name in session.execute(stmt)}
 
 
