@@ -95,7 +95,7 @@ def _redact(url: str) -> str:
 
 def _create_token(settings: Settings, name: str, admin: bool) -> str:
     from service.db.session import make_engine, make_session_factory
-    from service.ops import create_user_token
+    from service.users import create_user_token
 
     engine = make_engine(settings.database_url)
     try:
@@ -174,7 +174,7 @@ def _admin_token(settings: Settings, url: str) -> tuple[str, bool]:
     """The token saved for ``url`` if this database still knows it (an admin's), else a
     new admin token. Returns ``(token, reused)``."""
     from service.db.session import make_engine, make_session_factory
-    from service.ops import user_for_token
+    from service.users import user_for_token
 
     saved = saved_token(settings.credentials_path, url)
     if saved:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from service.lifecycle import JobStatus
+
 __all__ = ["CANCEL", "ENGINE_ERROR_FILE", "EXIT_REASONS", "LEASE_LOST", "TIME_BUDGET",
            "WORKER_SHUTDOWN", "EngineError", "Outcome", "after_exit", "exit_outcome",
            "exit_reason", "read_engine_error"]
@@ -54,7 +56,7 @@ class Outcome:
     """How a job ends: ``status`` (``succeeded``, ``failed`` or ``cancelled``), the
     ``error`` stored on the row (None unless failed) and the status event's payload."""
 
-    status: str
+    status: JobStatus
     error: dict[str, Any] | None
     event: dict[str, Any]
 
@@ -106,13 +108,13 @@ def exit_outcome(rc: int, *, stop_reason: str | None, run_end: dict[str, Any] | 
         (then ``launcher_exit_code`` is ``rc``), plus ``engine_error`` and ``failed_rank``.
     """
     if stop_reason in (CANCEL, WORKER_SHUTDOWN):
-        return Outcome("cancelled", None, {"reason": "cancelled by request", "exit_code": rc})
+        return Outcome(JobStatus.CANCELLED, None, {"reason": "cancelled by request", "exit_code": rc})
     if stop_reason == TIME_BUDGET:
         reason = f"time budget of {time_budget_s:g} s exceeded"
-        return Outcome("failed", {"reason": reason, "exit_code": rc, "log_tail": log_tail},
+        return Outcome(JobStatus.FAILED, {"reason": reason, "exit_code": rc, "log_tail": log_tail},
                        {"reason": reason, "exit_code": rc})
     if rc == 0 and (run_end or {}).get("status") not in ("failed", "interrupted"):
-        return Outcome("succeeded", None, {"exit_code": 0})
+        return Outcome(JobStatus.SUCCEEDED, None, {"exit_code": 0})
     error: dict[str, Any] = {"reason": exit_reason(rc), "exit_code": rc, "log_tail": log_tail}
     if run_end and run_end.get("error"):
         error["engine_error"] = run_end["error"]
@@ -122,7 +124,7 @@ def exit_outcome(rc: int, *, stop_reason: str | None, run_end: dict[str, Any] | 
                          exit_code=engine_error.exit_code, launcher_exit_code=rc)
         error["engine_error"] = engine_error.error
         error["failed_rank"] = engine_error.rank
-    return Outcome("failed", error, {"reason": error["reason"], "exit_code": error["exit_code"]})
+    return Outcome(JobStatus.FAILED, error, {"reason": error["reason"], "exit_code": error["exit_code"]})
 
 
 def read_engine_error(path: Path) -> EngineError | None:

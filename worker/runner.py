@@ -27,13 +27,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
-from service.db.models import ACTIVE, TERMINAL, Artifact, Job, utcnow
-from service.ops import append_events, transition
-from service.scheduler import claim, wake_targets
+from service import job_store
+from service.db.models import Job, utcnow
+from service.lifecycle import TERMINAL, JobStatus
+from service.ops import append_events
+from service.scheduler import wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
 from worker.launch import CommandBuilder, build_command, build_env, job_spec, world_size
@@ -70,9 +72,9 @@ class _Run:
         self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines)
         self.kind = job.kind
 
-    # -- database ---------------------------------------------------------------------
+    # -- database (through service.job_store) ------------------------------------------
     def _mine(self) -> list[Any]:
-        return [Job.lease_owner == self.worker_id, Job.status.in_(ACTIVE)]
+        return job_store.held_by(self.worker_id)
 
     def _lease(self) -> dict[str, Any]:
         return {"lease_expires_at": utcnow() + timedelta(seconds=self.settings.lease_s)}
@@ -80,11 +82,10 @@ class _Run:
     def heartbeat(self) -> tuple[str, bool] | None:
         """Renew the lease; returns (status, cancel_requested), or None if the lease is lost."""
         with self.sessions() as s:
-            row = s.execute(update(Job).where(Job.id == self.job_id, *self._mine())
-                            .values(**self._lease())
-                            .returning(Job.status, Job.cancel_requested)).first()
+            beat = job_store.renew_lease(session=s, job_id=self.job_id, worker_id=self.worker_id,
+                                         lease_s=self.settings.lease_s)
             s.commit()
-        return None if row is None else (row[0], bool(row[1]))
+        return beat
 
     def status(self) -> str | None:
         """The job's status now (a read, for the cancel poll)."""
@@ -118,7 +119,7 @@ class _Run:
                       .values(pid=pid, host=socket.gethostname()))
             s.commit()
 
-    def finish(self, status: str, *, result: dict[str, Any] | None,
+    def finish(self, status: JobStatus, *, result: dict[str, Any] | None,
                error: dict[str, Any] | None, event: dict[str, Any]) -> bool:
         """Record artifacts and the final status (only while this worker holds the lease)."""
         artifacts = []
@@ -131,49 +132,32 @@ class _Run:
             except OSError:
                 continue
         with self.sessions() as s:
-            ok = transition(s, self.job_id, ACTIVE, status,
-                            extra_where=[Job.lease_owner == self.worker_id], event=event,
-                            finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
-                            result=result, error=error, progress=self.seen.progress or None)
+            ok = job_store.finish(session=s, job_id=self.job_id, worker_id=self.worker_id,
+                                  status=status, result=result, error=error, event=event,
+                                  progress=self.seen.progress or None, artifacts=artifacts)
             if ok:
-                s.execute(delete(Artifact).where(Artifact.job_id == self.job_id))
-                if artifacts:
-                    s.execute(insert(Artifact), artifacts)
                 s.commit()
             else:
                 s.rollback()
         return ok
 
-    def requeue(self, reason: str) -> bool:
-        """Give the job back (worker shutdown): ``running -> queued``; resumes from last.pt.
-
-        A graceful hand-back is not a failed attempt: the attempt count goes back down, so
-        restarting the service any number of times never uses up ``max_attempts``.
-        """
+    def hand_back(self, reason: str) -> bool:
+        """Give the job back (worker shutdown): :func:`service.job_store.hand_back`; the next
+        attempt resumes from last.pt and this one does not count."""
         with self.sessions() as s:
-            ok = transition(s, self.job_id, ["running"], "queued",
-                            extra_where=[Job.lease_owner == self.worker_id],
-                            event={"reason": reason}, lease_owner=None, lease_expires_at=None,
-                            enqueued_at=utcnow(), sent_at=utcnow(),
-                            progress=self.seen.progress or None,
-                            attempt=Job.attempt - 1)
+            ok = job_store.hand_back(session=s, job_id=self.job_id, worker_id=self.worker_id,
+                                     reason=reason, progress=self.seen.progress or None)
             s.commit()
         return ok
 
 
 def _claim(sessions: sessionmaker[Session], settings: Settings, worker_id: str, *,
            queue: str | None = None, job_id: str | None = None) -> Job | None:
-    """Claim the best eligible job of ``queue``, or only ``job_id`` (see
-    :func:`service.scheduler.claim`); the claimed row, or None."""
+    """Claim the best eligible job of ``queue``, or only ``job_id``
+    (:func:`service.job_store.claim`); the claimed row, or None."""
     with sessions() as s:
-        if queue is None:
-            queue = s.scalar(select(Job.queue).where(Job.id == job_id))
-            if queue is None:
-                return None
-        claimed = claim(s, queue, worker_id, settings, job_id=job_id)
-        if claimed is None:
-            return None
-        return s.get(Job, claimed)
+        return job_store.claim(session=s, settings=settings, worker_id=worker_id, queue=queue,
+                               job_id=job_id)
 
 
 def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
@@ -230,7 +214,7 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
         # re-queued): starting an attempt only to kill it would burn one of max_attempts.
         # Leave the job queued and put the message back for the next worker.
         queued = read_job(sessions, job_id)
-        if queued is not None and queued.status == "queued" and on_requeue is not None:
+        if queued is not None and queued.status == JobStatus.QUEUED and on_requeue is not None:
             on_requeue(job_id, queued.queue, queued.priority)
         log.info("job %s: worker shutting down; message handed back", job_id)
         return "skipped"
@@ -299,10 +283,10 @@ def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
         try:
             proc = spawn_engine(argv, cwd=run.job_dir, log_file=logf, env=env)
         except OSError as exc:
-            run.finish("failed", result=None, error={"reason": f"could not start the engine: "
-                                                     f"{exc}", "exit_code": None},
+            run.finish(JobStatus.FAILED, result=None,
+                       error={"reason": f"could not start the engine: {exc}", "exit_code": None},
                        event={"reason": "launch failed"})
-            return "failed"
+            return JobStatus.FAILED
     run.record_pid(proc.pid)
     return _watch(run, EngineProcess(proc, job_id), job, stop, on_requeue)
 
@@ -327,9 +311,9 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
             next_beat = now + settings.heartbeat_s
             if beat is None:
                 lost = True
-            elif beat[0] == "cancelling":
+            elif beat[0] == JobStatus.CANCELLING:
                 engine.terminate(CANCEL)
-        elif run.status() == "cancelling":
+        elif run.status() == JobStatus.CANCELLING:
             engine.terminate(CANCEL)
         if lost:
             log.warning("job %s: lease lost; stopping the engine", run.job_id)
@@ -349,13 +333,13 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     if action == "lost":
         return "lost"
     if action == "hand back":
-        if run.requeue(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
+        if run.hand_back(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
             if on_requeue is not None:
                 try:
                     on_requeue(run.job_id, job.queue, job.priority)
                 except Exception:
                     log.exception("job %s: could not re-send (the reaper will)", run.job_id)
-            return "queued"
+            return JobStatus.QUEUED
     outcome = exit_outcome(rc, stop_reason=engine.stop_reason, run_end=run.seen.run_end,
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
