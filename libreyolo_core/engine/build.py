@@ -84,16 +84,15 @@ class TrainParts:
     ema: ModelEMA | None
 
 
-def build_parts(cfg: TrainConfig, *, spec: Any, family: Any, size: str, data: DataConfig, dist: DistContext,
+def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, dist: DistContext,
                 device: torch.device, model: nn.Module | None = None,
                 arch: dict[str, Any] | None = None) -> TrainParts:
     """Build every part of a run (see the module docstring for the order).
 
     Args:
         cfg: the resolved config (a resumed run's: the checkpoint's).
-        spec: the family's registry entry (:func:`~libreyolo_core.models.registry.parse_model_name`).
-        family: its loaded module (``build_model``, ``build_loss``;
-            :func:`~libreyolo_core.models.registry.load_family`).
+        family: the model's :class:`~libreyolo_core.models.family.Family` (``build_model``,
+            ``build_loss``; :func:`~libreyolo_core.models.registry.parse_model_name`).
         size: the size code (``"t"``).
         data: the loaded dataset yaml (``train`` present; scanned here, on every rank).
         dist: the process's rank context; logs that concern the whole run come from rank 0.
@@ -130,7 +129,7 @@ def build_parts(cfg: TrainConfig, *, spec: Any, family: Any, size: str, data: Da
         cuda_graph = None
     else:
         # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
-        cuda_graph = build_cuda_graph_manager(model, cfg.cuda_graph, device, family=spec)
+        cuda_graph = build_cuda_graph_manager(model, cfg.cuda_graph, device, family=family)
 
     accumulate = accumulate_steps(batch, cfg.nbs)
     weight_decay = cfg.weight_decay
@@ -180,8 +179,7 @@ def _model(cfg: TrainConfig, family: Any, size: str, nc: int, device: torch.devi
 def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistContext,
              rank_batch: int) -> tuple[YOLODataset, Any, Any]:
     """The augmented train set, its loader (each rank its share) and the val loader (or None)."""
-    hyp = cfg.model_dump()
-    train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp, cache=cfg.cache,
+    train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
                             seed=cfg.seed, rank=dist.rank)
     visible = math.ceil(len(train_set) / dist.world_size)
     train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
@@ -193,8 +191,7 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
                  visible, rank_batch)
     if val_report is None:
         return train_set, train_loader, None
-    val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
-                          seed=cfg.seed, rank=0)
+    val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache, seed=cfg.seed, rank=0)
     return train_set, train_loader, build_dataloader(val_set, rank_batch, min(cfg.workers, 2),
                                                      shuffle=False, seed=cfg.seed)
 

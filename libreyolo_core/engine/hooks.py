@@ -166,15 +166,14 @@ class MosaicSwitchHook(HookBase):
         """Switch augmentation off from ``epoch`` (0-based) on."""
         t, parts = self.trainer, self.trainer.parts
         parts.train_set.close_mosaic()
-        hook = getattr(t.family, "on_mosaic_disable", None)
-        changed = hook(parts.model, parts.loss_fn) if hook is not None else False
+        changed = t.family.on_mosaic_disable(parts.model, parts.loss_fn)
         left = t.cfg.epochs - epoch
         log.info("epoch %d: mosaic and mixup off for the last %s", epoch + 1,
                  "epoch" if left == 1 else f"{left} epochs")
         if changed:
             t.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
             if parts.cuda_graph is not None:
-                parts.cuda_graph.invalidate(f"{t.spec.title} changed the network at mosaic close")
+                parts.cuda_graph.invalidate(f"{t.family.title} changed the network at mosaic close")
 
 
 class NonFiniteGuard(HookBase):

@@ -71,7 +71,7 @@ class ProgressHook(HookBase):
                       start_epoch=t.state.start_epoch + 1, device=str(t.device), amp=t.parts.amp.name,
                       world_size=t.dist.world_size, batch=t.parts.batch)
         ddp = f" x {t.dist.world_size} ranks ({t.dist.backend})" if t.dist.enabled else ""
-        print(f"{t.spec.title}-{t.size} nc={t.nc} on {t.device}{ddp} ({t.parts.amp.name}), "
+        print(f"{t.family.title}-{t.size} nc={t.nc} on {t.device}{ddp} ({t.parts.amp.name}), "
               f"imgsz={t.cfg.imgsz} batch={t.parts.batch} accumulate={t.parts.accumulate}, "
               f"{len(t.parts.train_set)} train images -> {t.run_dir}", flush=True)
         if t.preflight is not None:

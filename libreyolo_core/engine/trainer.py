@@ -7,8 +7,9 @@ makes the parts, :class:`~libreyolo_core.engine.state.TrainState` is what is sav
 resumed (:mod:`~libreyolo_core.engine.resume` decides what to resume), and the hooks of
 :mod:`~libreyolo_core.engine.hooks` do everything around the step: profiling, validation
 and early stop, checkpoints, progress and events (rank 0), the non-finite guard and the
-mosaic/L1 switch. Families plug in through the registry protocol (``build_model``,
-``build_loss``, ``preprocess``, ``postprocess``, optional ``on_mosaic_disable``).
+mosaic/L1 switch. Families plug in through the ``Family`` contract
+(``libreyolo_core/models/family.py``: ``build_model``, ``build_loss``, ``preprocess``,
+``postprocess``, hooks such as ``on_mosaic_disable`` with no-op defaults).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from libreyolo_core.engine.profile_hook import build_profiler
 from libreyolo_core.engine.resume import Resume, announce_resume, check_resume_classes, open_resume
 from libreyolo_core.engine.rundir import make_run_dir
 from libreyolo_core.engine.state import TrainState
-from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.models.registry import parse_model_name
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
@@ -126,7 +127,6 @@ class Trainer:
         self.resume: Resume | None = None
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
         self.device: torch.device | None = None
-        self.spec: Any = None
         self.size = ""
         self.family: Any = None
         self.names: dict[int, str] | None = None
@@ -188,8 +188,7 @@ class Trainer:
         self._owns_process_group = owned and self.dist.enabled
         self.hooks = default_hooks(self, self.callbacks)
         self.guard = next(h for h in self.hooks if isinstance(h, NonFiniteGuard))
-        self.spec, self.size = parse_model_name(cfg.model)
-        self.family = load_family(self.spec)
+        self.family, self.size = parse_model_name(cfg.model)
         torch.manual_seed(cfg.seed)
 
         data = load_data_config(cfg.data)  # every rank scans: the reports are cheap and identical
@@ -199,7 +198,7 @@ class Trainer:
             check_resume_classes(self.resume.ckpt, self.resume.path, data)
         self.names, self.nc = dict(data.names), len(data.names)
         arch = self.resume.arch(self.family) if self.resume is not None else None
-        self.parts = parts = build_parts(cfg, spec=self.spec, family=self.family, size=self.size, data=data,
+        self.parts = parts = build_parts(cfg, family=self.family, size=self.size, data=data,
                                          dist=self.dist, device=self.device, model=self._model_in, arch=arch)
         if cfg.profile:
             self.profiler = build_profiler(cfg, parts, dist=self.dist, device=self.device, title=self.title,
@@ -239,11 +238,11 @@ class Trainer:
     @property
     def title(self) -> str:
         """The model's name, ``"YOLOv9-t"``."""
-        return f"{self.spec.title}-{self.size}"
+        return f"{self.family.title}-{self.size}"
 
     def meta(self) -> dict[str, Any]:
         """The checkpoint's model metadata: ``model_family``, ``size``, ``nc``, ``names``, ``imgsz``."""
-        return {"model_family": self.spec.name, "size": self.size, "nc": self.nc, "names": self.names,
+        return {"model_family": self.family.name, "size": self.size, "nc": self.nc, "names": self.names,
                 "imgsz": self.cfg.imgsz}
 
     # -- the loop ---------------------------------------------------------------------
@@ -391,7 +390,7 @@ class Trainer:
         """
         parts = self.parts
         with self.phase("backward"):
-            factor = images * self.dist.world_size if self.spec.scale_loss_by_batch else 1
+            factor = images * self.dist.world_size if self.family.scale_loss_by_batch else 1
             scaled = parts.amp.scaler.scale(loss * factor)
             if parts.cuda_graph is None:
                 scaled.backward()
