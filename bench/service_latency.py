@@ -166,8 +166,9 @@ def run_backend(kind: str, jobs: int, requests: int, conc: int) -> str:
     import psutil
     from sqlalchemy import select
 
-    from service.db.models import TERMINAL, Job
+    from service.db.models import Job
     from service.db.session import make_engine, make_session_factory
+    from service.lifecycle import TERMINAL
 
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-svc-{kind}-"))
     port = _free_port()

@@ -184,7 +184,7 @@ class LibreYOLO:
         else:
             trainer = Trainer(cfg, model=self.model, callbacks=callbacks, preflight=preflight)
             result = trainer.train()
-            self.model = unwrap(trainer.model)
+            self.model = unwrap(trainer.parts.model)
         best = Path(result["best_checkpoint"])
         if best.is_file():
             self.model.load_state_dict(load_checkpoint(best)["model"])
@@ -253,15 +253,11 @@ class LibreYOLO:
     @staticmethod
     def _resume_checkpoint(resume: Any, project: str) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint a ``resume`` continues (its model and dataset are the defaults of
-        the resumed run), or None without ``resume``."""
-        from libreyolo_core.config import TrainConfig
-        from libreyolo_core.engine.rundir import latest_last_checkpoint
+        the resumed run), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`)."""
+        from libreyolo_core.engine.resume import resume_path
 
-        flag = TrainConfig._resume(resume) if resume is not None else False
-        if not flag:
-            return None
-        path = latest_last_checkpoint(project) if flag is True else Path(str(flag))
-        return path, load_checkpoint(path)
+        path = resume_path(resume, project)
+        return None if path is None else (path, load_checkpoint(path))
 
     # -- validation -----------------------------------------------------------------------
     def val(

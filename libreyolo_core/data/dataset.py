@@ -41,7 +41,8 @@ from torch.utils.data import Dataset
 from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import augment as A
 from libreyolo_core.data.image import load_image
-from libreyolo_core.data.scan import DatasetWarning, ImageRecord, ScanReport, writable_dir
+from libreyolo_core.data.report import DatasetWarning, ImageRecord, ScanReport
+from libreyolo_core.data.scan_cache import writable_dir
 
 __all__ = ["YOLODataset"]
 

@@ -15,6 +15,8 @@ Three parts the trainer and the checkpoint writer call:
 - :func:`grads_finite`: whether every gradient is finite (fp32 steps: a finite loss can
   still back-propagate an inf; the fp16 ``GradScaler`` checks this itself).
 - :func:`describe_nonfinite`: ``"box=nan, cls=inf"`` for the loss terms of a step.
+- :class:`NonFiniteLossError`: the run diverged (raised by the trainer's guard,
+  :class:`~libreyolo_core.engine.hooks.NonFiniteGuard`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["BatchNormGuard", "grads_finite", "nonfinite_tensors", "describe_nonfinite"]
+__all__ = ["BatchNormGuard", "grads_finite", "nonfinite_tensors", "describe_nonfinite", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The run diverged: ten consecutive non-finite losses, or an epoch in which no
+    optimizer step could be taken (every step non-finite or skipped by the AMP scaler)."""
 
 
 class BatchNormGuard:

@@ -1,22 +1,45 @@
-"""Resume checks that run before any work: a resumed run must train the classes it
-started with.
+"""Resume: every decision about continuing a run, in one module.
 
-``resume`` continues one run (same weights, optimizer, schedule, classes); training a
-checkpoint's weights on a dataset with other classes is fine-tuning, a new run started
-with ``model=<checkpoint>``. :func:`check_resume_classes` says so before the dataset is
-scanned.
+``resume`` continues one run (same weights, optimizer, schedule, classes, run directory);
+training a checkpoint's weights on a dataset with other classes is fine-tuning, a new run
+started with ``model=<checkpoint>``.
+
+Decision table (:func:`resume_path`; ``resume`` as a config value or a CLI string):
+
+=====================================  ==================================================
+``resume``                              checkpoint
+=====================================  ==================================================
+None, False, ``""``, ``"false"``, ...   none: a new run
+True, ``"true"``, ``"1"``, ``"yes"``    the newest ``*/weights/last.pt`` under ``project``
+                                        (none there: :class:`CheckpointError`)
+a path                                  that file
+=====================================  ==================================================
+
+Then :func:`open_resume` loads it (a lean ``best.pt`` has no training state: ValueError),
+:meth:`Resume.config` continues with the checkpoint's config (``data``, ``device``,
+``workers``, ``epochs`` as given win), :func:`check_resume_classes` refuses another class
+count before the dataset is scanned, :attr:`Resume.run_dir` is the run's own directory and
+:meth:`~libreyolo_core.engine.state.TrainState.load` restores the state.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.config import TrainConfig
 from libreyolo_core.data.config import DataConfig
-from libreyolo_core.engine.checkpoint import CheckpointError
+from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint
 
-__all__ = ["check_resume_classes"]
+__all__ = ["Resume", "resume_path", "open_resume", "latest_last_checkpoint", "check_resume_classes",
+           "announce_resume"]
+
+#: The keys a resumed run takes from the call rather than the checkpoint, when given:
+#: where to find things and how long to train.
+CALL_KEYS = ("data", "device", "workers", "epochs")
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +72,90 @@ def check_resume_classes(ckpt: dict[str, Any], path: str | Path, data: DataConfi
         changed = [f"{i}: {names[i]!r} -> {data.names[i]!r}" for i in sorted(names) if names[i] != data.names[i]]
         log.warning("%s: resuming with renamed classes (%s%s); the run continues, the new names are used",
                     path, ", ".join(changed[:5]), " ..." if len(changed) > 5 else "")
+
+
+def latest_last_checkpoint(project: str | Path = "runs/train") -> Path:
+    """The most recently modified ``*/weights/last.pt`` under ``project`` (``resume=True``).
+
+    Raises:
+        CheckpointError: there is none (exit code 4 in the CLI).
+    """
+    found = sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise CheckpointError(f"resume=True: no weights/last.pt under {project}/ "
+                              "(name the checkpoint: resume=path/to/last.pt)")
+    return found[-1]
+
+
+def resume_path(resume: str | bool | os.PathLike[str] | None, project: str | Path) -> Path | None:
+    """The checkpoint ``resume`` names (the module docstring's table), or None.
+
+    Raises:
+        CheckpointError: ``resume`` is true and ``project`` holds no ``last.pt``.
+    """
+    flag = TrainConfig._resume(resume) if resume is not None else False
+    if not flag:
+        return None
+    return latest_last_checkpoint(project) if flag is True else Path(str(flag))
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint a run continues from: ``path`` and the loaded ``ckpt``."""
+
+    path: Path
+    ckpt: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory the checkpoint belongs to (``<run>/weights/last.pt``); the
+        resumed run writes there again."""
+        return self.path.parent.parent
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs the checkpoint completed (its ``epoch`` is the 0-based last one)."""
+        return int(self.ckpt["epoch"]) + 1
+
+    def config(self, given: TrainConfig) -> TrainConfig:
+        """The checkpoint's config, with the :data:`CALL_KEYS` ``given`` set explicitly and
+        ``resume`` pointing at this checkpoint."""
+        keep = {k: getattr(given, k) for k in CALL_KEYS if k in given.model_fields_set}
+        return TrainConfig(**{**self.ckpt["config"], **keep, "resume": str(self.path)})
+
+    def arch(self, family: Any) -> dict[str, Any]:
+        """The head widths the checkpoint was trained with (YOLOv9's class tower), so the
+        rebuilt model takes every weight."""
+        return family.arch_from_state(self.ckpt.get("train_model", self.ckpt["model"]))
+
+
+def open_resume(cfg: TrainConfig) -> Resume | None:
+    """The :class:`Resume` of ``cfg.resume`` (searched under ``cfg.project``), or None.
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, or no ``last.pt`` to find.
+        ValueError: the checkpoint has no training state (a lean or inference one).
+    """
+    path = resume_path(cfg.resume, cfg.project)
+    if path is None:
+        return None
+    ckpt = load_checkpoint(path)
+    if "optimizer" not in ckpt or "epoch" not in ckpt:
+        raise ValueError(f"{path}: has no training state to resume (a final/inference checkpoint)")
+    return Resume(path, ckpt)
+
+
+def announce_resume(resume: Resume, *, start_epoch: int, epochs: int, lr: float, step: int,
+                    schedule: str, main: bool) -> None:
+    """Log where the resumed run continues: the epoch, the learning rate at ``step`` of the
+    ``schedule``; a warning when nothing is left to train, and (rank 0) when the file is
+    not ``last.pt`` (the later epochs are trained again)."""
+    if start_epoch >= epochs:
+        log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
+                    "epochs= to train longer)", resume.path, epochs)
+    else:
+        log.info("resuming %s from epoch %d at lr=%.6g (step %d of the %s schedule)", resume.path,
+                 start_epoch + 1, lr, step, schedule)
+    if resume.path.name != "last.pt" and main:
+        log.warning("resuming from %s (epoch %d), not last.pt: the later epochs of this run are "
+                    "trained again and their results.csv rows replaced", resume.path.name, start_epoch)

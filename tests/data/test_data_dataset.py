@@ -16,7 +16,8 @@ from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import augment as A
 from libreyolo_core.data import dataset as dataset_mod
 from libreyolo_core.data.dataset import YOLODataset
-from libreyolo_core.data.scan import DatasetWarning, scan_images
+from libreyolo_core.data.report import DatasetWarning
+from libreyolo_core.data.scan import scan_images
 
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
 SIZES = [(40, 90), (120, 60), (200, 200), (30, 30), (64, 100), (90, 50)]  # (h, w)

@@ -14,7 +14,8 @@ from PIL import Image
 from libreyolo_core.data.config import load_data_config
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.image import load_image
-from libreyolo_core.data.scan import DatasetWarning, format_report, scan_split
+from libreyolo_core.data.report import DatasetWarning, format_report
+from libreyolo_core.data.scan import scan_split
 
 GOOD = "0 0.5 0.5 0.2 0.2\n"
 

@@ -215,7 +215,7 @@ class EpochRecorder:
 
     def __call__(self, trainer) -> None:
         with open(self.path, "a") as fh:
-            fh.write(f"{os.environ.get('RANK')}:{trainer.epoch + 1}\n")
+            fh.write(f"{os.environ.get('RANK')}:{trainer.state.epoch + 1}\n")
 
 
 def test_facade_spawn_path_loads_rank0_best_weights_and_runs_callbacks_on_rank0(sample_yaml, tmp_path,

@@ -302,22 +302,23 @@ def test_invalidate_drops_the_graph_and_recaptures_after_three_more(caplog):
 
 
 def test_close_mosaic_signal_invalidates_the_manager():
-    """The trainer's ``_close_mosaic`` forwards ``captured_region_changed`` to the manager."""
-    from libreyolo_core.engine.trainer import Trainer
+    """The trainer's mosaic switch forwards ``captured_region_changed`` to the manager."""
+    from libreyolo_core.engine.hooks import MosaicSwitchHook
 
     cap = static_buffer_capture()
     m = CudaGraphManager(_net(), capture_after=1, capture_fn=cap)
     m(torch.rand(1, 3, 8, 8))
     assert m.state == "captured"
     emitted = []
-    fake = types.SimpleNamespace(
-        train_set=types.SimpleNamespace(close_mosaic=lambda: None),
+    hook = MosaicSwitchHook()
+    hook.trainer = types.SimpleNamespace(
+        parts=types.SimpleNamespace(train_set=types.SimpleNamespace(close_mosaic=lambda: None),
+                                    model=m.model, loss_fn=None, cuda_graph=m),
         family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True, title="YOLOX"),
-        model=m.model, loss_fn=None, cfg=types.SimpleNamespace(epochs=10),
+        cfg=types.SimpleNamespace(epochs=10),
         events=types.SimpleNamespace(emit=lambda kind, **kw: emitted.append(kind)),
-        cuda_graph=m,
     )
-    Trainer._close_mosaic(fake, 7)
+    hook.close(7)
     assert emitted == ["captured_region_changed"] and m.state == "counting" and m.key is None
 
 
@@ -359,7 +360,7 @@ def test_trainer_on_cpu_logs_once_and_trains_eager(tiny_yaml, tmp_path, caplog, 
 
 def test_trainer_dispatches_through_the_manager(tiny_yaml, tmp_path, monkeypatch):
     """The trainer's forward/backward block with a manager (CPU stand-in for the graph)."""
-    from libreyolo_core.engine import trainer as trainer_mod
+    from libreyolo_core.engine import build as build_mod
 
     made: list[CudaGraphManager] = []
     cap = static_buffer_capture()
@@ -368,7 +369,7 @@ def test_trainer_dispatches_through_the_manager(tiny_yaml, tmp_path, monkeypatch
         made.append(CudaGraphManager(model, capture_fn=cap))
         return made[-1]
 
-    monkeypatch.setattr(trainer_mod, "build_cuda_graph_manager", build)
+    monkeypatch.setattr(build_mod, "build_cuda_graph_manager", build)
     result = _train(tiny_yaml, tmp_path, "graphed", cuda_graph=True)
     assert result["epochs_completed"] == 1
     (m,) = made

@@ -42,7 +42,7 @@ def _train(tiny_yaml, tmp_path, name: str, dtypes: set | None = None, **keys):
     def start(trainer):
         if dtypes is not None:
             hooks.extend(m.register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
-                         for m in trainer.model.modules() if isinstance(m, nn.Conv2d))
+                         for m in trainer.parts.model.modules() if isinstance(m, nn.Conv2d))
 
     def keep(trainer):
         seen["trainer"] = trainer
@@ -57,7 +57,7 @@ def _train(tiny_yaml, tmp_path, name: str, dtypes: set | None = None, **keys):
 
 
 def _finite_losses(trainer) -> bool:
-    row = trainer.history[-1]
+    row = trainer.state.history[-1]
     losses = [v for k, v in row.items() if k.startswith("train/")]
     return bool(losses) and all(math.isfinite(v) for v in losses)
 
@@ -65,10 +65,10 @@ def _finite_losses(trainer) -> bool:
 def test_fp16_amp_trains_with_the_scaler(tiny_yaml, tmp_path):
     dtypes: set = set()
     trainer = _train(tiny_yaml, tmp_path, "fp16", dtypes, amp=True, amp_dtype="float16")
-    assert trainer.amp.enabled and trainer.amp.dtype is torch.float16
-    assert trainer.amp.scaler.is_enabled() and trainer.amp.scaler.get_scale() > 0
+    assert trainer.parts.amp.enabled and trainer.parts.amp.dtype is torch.float16
+    assert trainer.parts.amp.scaler.is_enabled() and trainer.parts.amp.scaler.get_scale() > 0
     assert torch.float16 in dtypes
-    assert trainer._steps_applied > 0 and _finite_losses(trainer)
+    assert trainer.state.steps_applied > 0 and _finite_losses(trainer)
 
 
 def test_bf16_amp_trains_without_a_scaler(tiny_yaml, tmp_path):
@@ -76,14 +76,14 @@ def test_bf16_amp_trains_without_a_scaler(tiny_yaml, tmp_path):
         pytest.skip("this GPU has no bfloat16 (the fallback to float16 is tested on CPU)")
     dtypes: set = set()
     trainer = _train(tiny_yaml, tmp_path, "bf16", dtypes, amp=True, amp_dtype="bfloat16")
-    assert trainer.amp.dtype is torch.bfloat16 and not trainer.amp.scaler.is_enabled()
+    assert trainer.parts.amp.dtype is torch.bfloat16 and not trainer.parts.amp.scaler.is_enabled()
     assert torch.bfloat16 in dtypes
-    assert trainer._steps_applied > 0 and _finite_losses(trainer)
+    assert trainer.state.steps_applied > 0 and _finite_losses(trainer)
 
 
 def test_cuda_graph_training_replays(tiny_yaml, tmp_path):
     trainer = _train(tiny_yaml, tmp_path, "graph", amp=True, cuda_graph=True)
-    graphs = trainer.cuda_graph
+    graphs = trainer.parts.cuda_graph
     # 4 batches of 4: two eager, the third captured and replayed, the fourth replayed
     assert graphs is not None and graphs.state == "captured", graphs and graphs.reason
     assert graphs.captures == 1 and graphs.replays == 2 and _finite_losses(trainer)
@@ -98,8 +98,8 @@ def test_capture_failure_falls_back_to_eager(tiny_yaml, tmp_path, monkeypatch, c
     monkeypatch.setattr(cg, "capture_network", refuse)
     with caplog.at_level(logging.WARNING, logger=cg.log.name):
         trainer = _train(tiny_yaml, tmp_path, "fallback", amp=True, cuda_graph=True)
-    graphs = trainer.cuda_graph
+    graphs = trainer.parts.cuda_graph
     assert graphs.state == "failed" and "capture refused by the test" in graphs.reason
     assert graphs.replays == 0 and graphs.eager_steps == 4  # every batch trained, eager
     assert [r for r in caplog.records if "falling back to eager" in r.getMessage()]
-    assert trainer._steps_applied > 0 and _finite_losses(trainer)
+    assert trainer.state.steps_applied > 0 and _finite_losses(trainer)

@@ -17,8 +17,7 @@ from libreyolo_core.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from libreyolo_core.engine.nonfinite import BatchNormGuard, nonfinite_tensors
-from libreyolo_core.engine.trainer import NonFiniteLossError
+from libreyolo_core.engine.nonfinite import BatchNormGuard, NonFiniteLossError, nonfinite_tensors
 
 RUN = dict(imgsz=64, batch=2, workers=0, epochs=2, val=False, warmup_epochs=0, no_aug_epochs=0)
 
@@ -43,7 +42,7 @@ def _inf_on_first_conv(steps: set[int] | None):
     listed 1-based forward passes (every one if None)."""
 
     def install(trainer):
-        conv = next(m for m in trainer.model.modules() if isinstance(m, nn.Conv2d))
+        conv = next(m for m in trainer.parts.model.modules() if isinstance(m, nn.Conv2d))
         count = {"n": 0}
 
         def hook(module, inputs, output):
@@ -66,7 +65,7 @@ def test_every_step_nonfinite_stops_the_run_naming_step_and_term(eight_images, t
     with pytest.raises(NonFiniteLossError) as err:
         LibreYOLO("yolo9-t").train(data=eight_images, project=tmp_path / "runs",
                                    callbacks={"on_train_start": [_inf_on_first_conv(None)],
-                                              "on_epoch_end": [lambda t: events.append(t.epoch)]},
+                                              "on_epoch_end": [lambda t: events.append(t.state.epoch)]},
                                    **RUN)
     msg = str(err.value)
     assert "epoch 1: no optimizer step was taken in 4 steps" in msg
@@ -128,8 +127,8 @@ def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp):
 
     def install(trainer):
         if amp:
-            trainer.amp.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
-        param = next(p for p in trainer.model.parameters() if p.requires_grad)
+            trainer.parts.amp.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        param = next(p for p in trainer.parts.model.parameters() if p.requires_grad)
         state = {"n": 0, "on": False}
 
         def count(module, inputs, output):
@@ -137,11 +136,11 @@ def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp):
                 state["n"] += 1
                 state["on"] = state["n"] in (2, 6)
 
-        trainer.model.register_forward_hook(count)
+        trainer.parts.model.register_forward_hook(count)
         param.register_hook(lambda g: g * float("inf") if state["on"] else g)
 
     def after_epoch(trainer):
-        seen.setdefault("updates", []).append(trainer.ema.updates)
+        seen.setdefault("updates", []).append(trainer.parts.ema.updates)
 
     result = LibreYOLO("yolo9-t").train(data=eight_images, project=tmp_path / "runs",
                                         callbacks={"on_train_start": [install],

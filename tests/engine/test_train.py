@@ -61,7 +61,7 @@ def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path, caplog):
     full = LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=3, project=tmp_path, name="full", **FAST)
 
     def stop_after_two(trainer):
-        if trainer.epoch + 1 == 2:
+        if trainer.state.epoch + 1 == 2:
             trainer.request_stop("test stop")
 
     with pytest.raises(TrainingInterrupted):
@@ -117,10 +117,10 @@ def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_
                                                                         monkeypatch, capsys, caplog):
     """A log_interval longer than the epoch no longer means silence: progress comes at least
     every PROGRESS_EVERY_S (0 here: every step), and validation reports 'validating k/n'."""
-    from libreyolo_core.engine import trainer as trainer_mod
+    from libreyolo_core.engine import progress
 
-    monkeypatch.setattr(trainer_mod, "PROGRESS_EVERY_S", 0.0)
-    caplog.set_level("INFO", logger="libreyolo_core.engine.trainer")
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level("INFO", logger="libreyolo_core.engine")
     LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=1, project=tmp_path, log_interval=1000,
                                **{**FAST, "imgsz": 64, "batch": 4})
     events = read_events(tmp_path / "exp" / "events.jsonl")

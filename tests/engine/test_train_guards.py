@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from libreyolo_core import LibreYOLO
-from libreyolo_core.engine.trainer import NonFiniteLossError
+from libreyolo_core.engine.nonfinite import NonFiniteLossError
 
 TINY = dict(imgsz=96, batch=4, workers=0, epochs=1, val=False, warmup_epochs=0, no_aug_epochs=0)
 
@@ -17,7 +17,7 @@ def _poison(steps: set[int] | None):
     """on_train_start callback: the loss of the listed micro-steps (all if None) becomes NaN."""
 
     def install(trainer):
-        real = trainer.loss_fn
+        real = trainer.parts.loss_fn
         count = {"n": 0}
 
         def loss(outputs, targets, batch_size):
@@ -28,7 +28,7 @@ def _poison(steps: set[int] | None):
             return total, items
 
         loss.item_names = real.item_names
-        trainer.loss_fn = loss
+        trainer.parts.loss_fn = loss
 
     return install
 
@@ -41,7 +41,7 @@ def test_nonfinite_steps_are_skipped_and_counted(sample_yaml, tmp_path, caplog):
     seen = {}
     result = model.train(data=sample_yaml, project=tmp_path,
                          callbacks={"on_train_start": [_poison({0, 1, 2})],
-                                    "on_epoch_end": [lambda t: seen.update(updates=t.ema.updates)]},
+                                    "on_epoch_end": [lambda t: seen.update(updates=t.parts.ema.updates)]},
                          **TINY)
     assert result["nonfinite_skipped"] == 3
     assert seen["updates"] == 4 - 3  # 16 images / batch 4 = 4 steps, 3 skipped
@@ -66,8 +66,8 @@ def test_nbs_accumulates_micro_batches(sample_yaml, tmp_path):
     seen = {}
 
     def grab(trainer):
-        groups = {g["name"]: g for g in trainer.optimizer.param_groups}
-        seen.update(updates=trainer.ema.updates, accumulate=trainer.accumulate,
+        groups = {g["name"]: g for g in trainer.parts.optimizer.param_groups}
+        seen.update(updates=trainer.parts.ema.updates, accumulate=trainer.parts.accumulate,
                     wd=groups["weights"]["weight_decay"], bn_wd=groups["bn"]["weight_decay"])
 
     LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, nbs=8, weight_decay=1e-3,
@@ -83,7 +83,7 @@ def test_weight_decay_scales_with_nbs(sample_yaml, tmp_path):
     seen = {}
 
     def grab(trainer):
-        seen["wd"] = {g["name"]: g for g in trainer.optimizer.param_groups}["weights"]["weight_decay"]
+        seen["wd"] = {g["name"]: g for g in trainer.parts.optimizer.param_groups}["weights"]["weight_decay"]
 
     # batch 4, nbs 6 -> accumulate round(1.5) = 2, decay * 4 * 2 / 6
     LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path, nbs=6, weight_decay=1e-3,

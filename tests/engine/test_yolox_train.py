@@ -26,7 +26,7 @@ class _MosaicSpy:
     the (possibly persistent) workers produced."""
 
     def __init__(self, trainer, seen: dict[int, list[bool]]):
-        self.loader, self.trainer, self.seen = trainer.train_loader, trainer, seen
+        self.loader, self.trainer, self.seen = trainer.parts.train_loader, trainer, seen
         self.sampler = self.loader.sampler
 
     def __len__(self) -> int:
@@ -34,13 +34,13 @@ class _MosaicSpy:
 
     def __iter__(self):
         for batch in self.loader:
-            self.seen.setdefault(self.trainer.epoch + 1, []).extend(m["mosaic"] for m in batch.metas)
+            self.seen.setdefault(self.trainer.state.epoch + 1, []).extend(m["mosaic"] for m in batch.metas)
             yield batch
 
 
 def _spy(seen):
     def install(trainer):
-        trainer.train_loader = _MosaicSpy(trainer, seen)
+        trainer.parts.train_loader = _MosaicSpy(trainer, seen)
     return install
 
 
@@ -67,7 +67,7 @@ def test_l1_switch_and_mosaic_close_at_no_aug_boundary(sample_yaml, tmp_path, wo
 @pytest.mark.slow
 def test_resume_across_the_l1_boundary_keeps_l1_on(sample_yaml, tmp_path):
     def stop_after_three(trainer):
-        if trainer.epoch + 1 == 3:
+        if trainer.state.epoch + 1 == 3:
             trainer.request_stop("test stop")
 
     with pytest.raises(TrainingInterrupted):

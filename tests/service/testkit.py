@@ -90,7 +90,7 @@ class ServerThread:
 
 def make_user(sessions: Any, name: str | None = None, admin: bool = False) -> tuple[str, str]:
     """Create a user and token; returns (user name, token)."""
-    from service.ops import create_user_token
+    from service.users import create_user_token
 
     name = name or f"user-{secrets.token_hex(4)}"
     with sessions() as s:
