@@ -48,6 +48,7 @@ from service.api.schemas import (
 )
 from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
 from service.ops import append_events, transition
+from service.outlook_cache import OutlookCache
 from service.queue import enqueue, queue_for
 from service.scheduler import Outlook, outlook
 from service.storage.roots import path_refusal
@@ -95,11 +96,15 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
     return out
 
 
-def queue_outlooks(session: Any, settings: Any, jobs: list[Job],
-                   live: dict[str, int]) -> dict[str, Outlook]:
-    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``."""
+def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str, int],
+                   cache: OutlookCache | None = None) -> dict[str, Outlook]:
+    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``
+    (through ``cache``, the app's :class:`~service.outlook_cache.OutlookCache`, when given)."""
     queues = {j.queue for j in jobs if j.status == "queued"}
-    return outlook(session, settings, queues, live) if queues else {}
+    if not queues:
+        return {}
+    return cache.outlooks(session, settings, queues, live) if cache else \
+        outlook(session, settings, queues, live)
 
 
 def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> dict[str, Any]:
@@ -377,7 +382,8 @@ def submit_job(
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     out = job_public(job, live, session=session, settings=settings,
-                     outlooks=queue_outlooks(session, settings, [job], live))
+                     outlooks=queue_outlooks(session, settings, [job], live,
+                                             request.app.state.outlooks))
     out.warnings = warnings
     return out
 
@@ -393,7 +399,7 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
 @router.get("", response_model=JobsPage, operation_id="jobs-list", responses=error_responses({
     422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
 def list_jobs(
-    user: CurrentUser, session: SessionDep, settings: SettingsDep,
+    user: CurrentUser, session: SessionDep, settings: SettingsDep, request: Request,
     status: Annotated[list[JobStatus] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
@@ -430,14 +436,15 @@ def list_jobs(
         rows = rows[:limit]
         next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
     live = live_queues(session, settings.worker_ttl_s)
-    outlooks = queue_outlooks(session, settings, rows, live)
+    outlooks = queue_outlooks(session, settings, rows, live, request.app.state.outlooks)
     return JobsPage(data=[job_public(j, live, session=session, settings=settings,
                                      outlooks=outlooks) for j in rows],
                     next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
-def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
+def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
+            request: Request) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
     ``waiting`` says why a queued job cannot start (no live worker serves its queue).
 
@@ -452,7 +459,8 @@ def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPub
     """
     live = live_queues(session, settings.worker_ttl_s)
     return job_public(job, live, session=session, settings=settings,
-                      outlooks=queue_outlooks(session, settings, [job], live))
+                      outlooks=queue_outlooks(session, settings, [job], live,
+                                              request.app.state.outlooks))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
@@ -536,7 +544,7 @@ def stream_events(
     start = after
     if last_event_id and last_event_id.strip().isdigit():
         start = max(start, int(last_event_id.strip()))
-    sessions, job_id, poll = request.app.state.sessions, job.id, settings.sse_poll_s
+    sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
 
     async def gen():
         last = start
@@ -551,7 +559,7 @@ def stream_events(
                     yield {"event": "end", "data": json.dumps({"status": status,
                                                                "last_seq": last})}
                     return
-                await anyio.sleep(poll)
+                await notifier.wait(job_id, last)
 
     return EventSourceResponse(gen(), ping=int(max(1, settings.sse_ping_s)),
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
