@@ -16,6 +16,7 @@ full check of the watched jobs every ``recheck_s``. See docs/architecture.md ("H
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Callable
@@ -53,7 +54,7 @@ class EventNotifier:
         self.recheck_s = recheck_s
         self.running = False
         self.checks = 0
-        self._waiters: dict[str, set[anyio.Event]] = {}
+        self._waiters: dict[str, set[_Waiter]] = {}
         self._seen: dict[str, tuple[int, str | None]] = {}  # job -> (event_seq, status)
 
     async def wait(self, job_id: str, after: int, timeout: float = math.inf) -> None:
@@ -65,21 +66,24 @@ class EventNotifier:
         seen = self._seen.get(job_id)
         if seen is not None and seen[0] > after:
             return
-        event = anyio.Event()
-        self._waiters.setdefault(job_id, set()).add(event)
+        waiter = _Waiter(asyncio.Event(), asyncio.get_running_loop(), after)
+        self._waiters.setdefault(job_id, set()).add(waiter)
         try:
             with anyio.move_on_after(timeout):
-                await event.wait()
+                await waiter.event.wait()
         finally:
             waiters = self._waiters.get(job_id)
             if waiters is not None:
-                waiters.discard(event)
+                waiters.discard(waiter)
                 if not waiters:
                     del self._waiters[job_id]
                     self._seen.pop(job_id, None)
 
     async def run(self) -> None:
-        """Poll until cancelled (the lifespan's task group cancels it)."""
+        """Poll until cancelled (the lifespan's task group cancels it). A second call
+        while one runs returns at once (tests serve one app from two servers)."""
+        if self.running:
+            return
         self.running = True
         last_mark: int | None = None
         since_full = 0.0
@@ -91,7 +95,7 @@ class EventNotifier:
                     continue
                 try:
                     mark = await anyio.to_thread.run_sync(self._mark)
-                    unseen = any(job not in self._seen for job in self._waiters)
+                    unseen = any(job not in self._seen for job in list(self._waiters))
                     if mark != last_mark or unseen or since_full >= self.recheck_s:
                         last_mark, since_full = mark, 0.0
                         jobs = list(self._waiters)
@@ -102,8 +106,8 @@ class EventNotifier:
         finally:
             self.running = False
             for waiters in list(self._waiters.values()):
-                for event in waiters:
-                    event.set()
+                for waiter in list(waiters):
+                    waiter.wake()
 
     def _mark(self) -> int:
         with self.sessions() as session:
@@ -119,8 +123,28 @@ class EventNotifier:
     def _wake(self, jobs: list[str], rows: dict[str, tuple[int, str]]) -> None:
         for job_id in jobs:
             state = rows.get(job_id, (math.inf, None))  # a vanished row: wake, the stream ends
-            if self._seen.get(job_id) == state:
-                continue
             self._seen[job_id] = state
-            for event in self._waiters.get(job_id, ()):
-                event.set()
+            for waiter in list(self._waiters.get(job_id, ())):
+                if state[0] > waiter.after:
+                    waiter.wake()
+
+
+class _Waiter:
+    """A waiting stream: its event, the loop it waits in (one app may be served by
+    servers on two loops in tests, so a wake from another loop's thread goes through
+    ``call_soon_threadsafe``) and the last seq it has."""
+
+    __slots__ = ("event", "loop", "after")
+
+    def __init__(self, event: asyncio.Event, loop: asyncio.AbstractEventLoop, after: int):
+        self.event, self.loop, self.after = event, loop, after
+
+    def wake(self) -> None:
+        try:
+            same = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            same = False
+        if same:
+            self.event.set()
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.event.set)

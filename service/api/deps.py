@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -23,16 +23,19 @@ __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "
 LOCAL_ADMIN = "local"
 
 
-def get_settings(request: Request) -> Settings:
+# async: FastAPI runs a plain ``def`` dependency in the thread pool, a hop that costs more
+# than these do (docs/architecture.md, "Hot reads")
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> ArtifactStore:
+async def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """One session per request; routes commit their own unit of work."""
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """One session per request; routes commit their own unit of work. Opening one does no
+    I/O; closing it hands its connection back to the pool."""
     with request.app.state.sessions() as session:
         yield session
 

@@ -529,7 +529,7 @@ def list_events(
                                    "description": "Server-Sent Events"}},
 )
 def stream_events(
-    job: OwnedJob, request: Request, settings: SettingsDep,
+    job: OwnedJob, request: Request, settings: SettingsDep, session: SessionDep,
     after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
@@ -545,6 +545,7 @@ def stream_events(
     if last_event_id and last_event_id.strip().isdigit():
         start = max(start, int(last_event_id.strip()))
     sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
+    session.close()  # the request's connection goes back to the pool: the stream may last hours
 
     async def gen():
         last = start
