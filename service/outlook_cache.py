@@ -14,8 +14,9 @@ An entry is reused while all of these hold, else the queue is read again:
 - it is younger than ``max_age_s`` (default 2 s): aging raises effective priorities with
   the clock alone, and a changed per-user cap writes no event, so those show within that.
 
-One thread computes a queue's outlook at a time; the others wait for its answer instead
-of reading the queue too (32 concurrent reads of a queued job cost one computation).
+One thread computes a queue's outlook at a time. After a write the others wait for its
+answer instead of reading the queue too (32 concurrent reads of a queued job cost one
+computation); when an entry has only aged, they keep answering from it meanwhile.
 See docs/architecture.md ("Hot reads").
 """
 
@@ -80,19 +81,23 @@ class OutlookCache:
         out: dict[str, Outlook] = {}
         for queue in queues:
             key = (mark, live.get(queue, 0))
-            entry = self._fresh(queue, key)
-            if entry is None:
-                with self._lock:  # one computation per queue at a time; the rest reuse it
-                    entry = self._fresh(queue, key)
-                    if entry is None:
-                        entry = _Entry(key, self._clock(), outlook(session, settings, [queue], live))
-                        self._entries[queue] = entry
-                        self.computed += 1
+            entry = self._entries.get(queue)
+            if entry is None or entry.mark != key:  # a write: wait for the new answer
+                with self._lock:
+                    entry = self._entries.get(queue)
+                    if entry is None or entry.mark != key:
+                        entry = self._compute(session, settings, queue, key, live)
+            elif self._clock() - entry.at > self.max_age_s and self._lock.acquire(blocking=False):
+                try:  # only aged: one thread refreshes, the others keep the last answer
+                    entry = self._compute(session, settings, queue, key, live)
+                finally:
+                    self._lock.release()
             out.update(entry.outlooks)
         return out
 
-    def _fresh(self, queue: str, key: tuple) -> _Entry | None:
-        entry = self._entries.get(queue)
-        if entry is None or entry.mark != key or self._clock() - entry.at > self.max_age_s:
-            return None
+    def _compute(self, session: Session, settings: Settings, queue: str, key: tuple,
+                 live: dict[str, int]) -> _Entry:
+        entry = _Entry(key, self._clock(), outlook(session, settings, [queue], live))
+        self._entries[queue] = entry
+        self.computed += 1
         return entry

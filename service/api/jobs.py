@@ -494,20 +494,24 @@ def _event_public(e: JobEvent) -> EventPublic:
     return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
 
 
+def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    rows = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+        .order_by(JobEvent.seq).limit(limit)
+    ).all()
+    return [_event_public(e) for e in rows], status
+
+
 def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
     with sessions() as session:
-        status = session.scalar(select(Job.status).where(Job.id == job_id))
-        rows = session.scalars(
-            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-            .order_by(JobEvent.seq).limit(limit)
-        ).all()
-        return [_event_public(e) for e in rows], status
+        return _events_after(session, job_id, after, limit)
 
 
 @router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
             responses=_NOT_FOUND)
 def list_events(
-    job: OwnedJob, request: Request,
+    job: OwnedJob, session: SessionDep,
     after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> EventsPage:
@@ -517,7 +521,8 @@ def list_events(
     progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
     in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
     """
-    events, status = _fetch_events(request.app.state.sessions, job.id, after, limit)
+    # the request's session: a second one per request deadlocked the pool at 16 clients
+    events, status = _events_after(session, job.id, after, limit)
     next_after = events[-1].seq if events else after
     return EventsPage(data=events, next_after=next_after, status=status,
                       done=status in TERMINAL and len(events) < limit)
