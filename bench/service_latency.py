@@ -138,7 +138,8 @@ async def _get_load(url: str, token: str, path: str, n: int, conc: int) -> tuple
 
 def _seed(sessions, owner_id: str, queued: int, streams_jobs: int) -> tuple[str, list[str]]:
     """``queued`` queued gpu-1 jobs (the read job is the last: 50 log events) and
-    ``streams_jobs`` running cpu jobs with a lease far ahead; returns (read job, running)."""
+    ``streams_jobs`` running cpu jobs with a lease far ahead (one event each); returns
+    (read job, running jobs)."""
     from datetime import timedelta
 
     from service.db.models import Job, utcnow
@@ -245,7 +246,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
         worker = subprocess.Popen([sys.executable, "-m", "worker", "--cpu", "--loglevel",
                                    "WARNING"], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
                                   stderr=open(tmp / "worker.log", "wb"))
-        read_job, running = "", []
+        read_job = ""
         try:
             for n_procs in procs_list:
                 port = free_port()
@@ -265,11 +266,12 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                     procs = _api_procs(api)
                     rss_mb = sum(p.memory_info().rss for p in procs[1 if n_procs > 1 else 0:]) / 2**20
                     head = f"{kind} p={n_procs}:"
+                    with sessions() as s:
+                        owner = s.scalar(select(User.id).where(User.name == "bench"))
                     if not read_job:
                         head += _submit_to_running(url, token, tmp, sessions, jobs, TERMINAL, Job)
-                        with sessions() as s:
-                            owner = s.scalar(select(User.id).where(User.name == "bench"))
-                        read_job, running = _seed(sessions, owner, queued, 10)
+                        read_job, _ = _seed(sessions, owner, queued, 0)
+                    _, running = _seed(sessions, owner, 1, 10)  # fresh streams' jobs each run
                     reads = []
                     for name, path in (("job", f"/v1/jobs/{read_job}"), ("list", "/v1/jobs"),
                                        ("events", f"/v1/jobs/{read_job}/events?limit=50")):
