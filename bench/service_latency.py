@@ -89,7 +89,7 @@ def _broker(kind: str, tmp: Path) -> Iterator[str]:
 def _serve_argv(port: int, procs: int) -> list[str]:
     exe = Path(sys.executable).with_name("libreyolo-service")
     head = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
-    return head + ["serve", "--port", str(port), "--workers", str(procs)]
+    return head + ["serve", "--port", str(port)] + (["--workers", str(procs)] if procs > 1 else [])
 
 
 def _api_procs(api: subprocess.Popen) -> list:
@@ -220,7 +220,8 @@ async def _sse(url: str, token: str, jobs: list[str], n: int, procs: list, sessi
 
 
 def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc: int,
-                queued: int, streams: int, table: list[str]) -> str:
+                queued: int, streams: int, table: list[str],
+                reads_wanted: tuple[str, ...] = ("job", "list", "events")) -> str:
     """Start API + worker on one backend for each process count, measure, stop; returns
     the result fragment (and appends rows to ``table``)."""
     import httpx
@@ -273,8 +274,10 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                         read_job, _ = _seed(sessions, owner, queued, 0)
                     _, running = _seed(sessions, owner, 1, 10)  # fresh streams' jobs each run
                     reads = []
-                    for name, path in (("job", f"/v1/jobs/{read_job}"), ("list", "/v1/jobs"),
-                                       ("events", f"/v1/jobs/{read_job}/events?limit=50")):
+                    paths = {"job": f"/v1/jobs/{read_job}", "list": "/v1/jobs",
+                             "events": f"/v1/jobs/{read_job}/events?limit=50"}
+                    for name in reads_wanted:
+                        path = paths[name]
                         for c in (1, conc):
                             n = requests // 4 if c == 1 else requests
                             c0 = _cpu_s(procs)
@@ -285,13 +288,15 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                                          f"{rps:8.0f} {pct(lat, 0.5):8.1f} {pct(lat, 0.99):8.1f}")
                             reads.append(f"{name} c{c} cpu={cpu_ms:.1f} ms {rps:.0f} req/s "
                                          f"p50={pct(lat, 0.5):.1f} p99={pct(lat, 0.99):.1f}")
-                    idle, fan = asyncio.run(_sse(url, token, running, streams, procs, sessions))
-                    table.append(f"{kind:10} {n_procs:5} sse{streams}: idle API CPU {idle:.2f}% of a "
-                                 f"core; event to all streams p50={pct(fan, 0.5):.0f} "
-                                 f"max={max(fan):.0f} ms")
-                    parts.append(f"{head} " + "; ".join(reads) + f"; sse{streams} idle_cpu="
-                                 f"{idle:.2f}% fanout p50={pct(fan, 0.5):.0f} max={max(fan):.0f} ms"
-                                 f", api_rss={rss_mb:.0f} MB")
+                    sse = ""
+                    if streams:
+                        idle, fan = asyncio.run(_sse(url, token, running, streams, procs, sessions))
+                        sse = (f"; sse{streams} idle_cpu={idle:.2f}% fanout p50={pct(fan, 0.5):.0f} "
+                               f"max={max(fan):.0f} ms")
+                        table.append(f"{kind:10} {n_procs:5} sse{streams}: idle API CPU {idle:.2f}% "
+                                     f"of a core; event to all streams p50={pct(fan, 0.5):.0f} "
+                                     f"max={max(fan):.0f} ms")
+                    parts.append(f"{head} " + "; ".join(reads) + sse + f", api_rss={rss_mb:.0f} MB")
                 except BaseException:
                     log = (tmp / f"api{n_procs}.log").read_text(errors="replace")
                     print(f"API log (tail):\n{log[-8000:]}", file=sys.stderr)
@@ -341,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=1600)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--queued", type=int, default=1000)
-    parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument("--streams", type=int, default=500, help="0: no SSE part")
+    parser.add_argument("--reads", nargs="+", default=["job", "list", "events"],
+                        choices=["job", "list", "events"])
     args = parser.parse_args(argv)
     load0 = os.getloadavg()[0]
     table = [f"{'backend':10} {'procs':5} {'read':7} {'conc':>4} {'cpu_ms':>8} {'req/s':>8} "
@@ -352,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             parts.append("postgresql: skipped (PostgreSQL or redis-server missing)")
             continue
         parts.append(run_backend(kind, args.procs, args.jobs, args.requests, args.concurrency,
-                                 args.queued, args.streams, table))
+                                 args.queued, args.streams, table, tuple(args.reads)))
     print("\n".join(table), flush=True)
     print(f"service_latency load={load0:.1f}/{os.getloadavg()[0]:.1f} (1-min, 2 cores) | "
           + " | ".join(parts)
