@@ -105,11 +105,21 @@ def _submit_all(url: str, tokens: list[str], plan: list[int]) -> float:
     body = {"model": "yolo9-t", "data": "/data/sim.yaml", "gpus": 1, "params": {"epochs": 1}}
     clients = [httpx.Client(base_url=url, headers={"Authorization": f"Bearer {t}"}, timeout=60)
                for t in tokens]
+    def post(i: int) -> None:
+        for attempt in range(3):  # a keep-alive connection the server just closed: retry
+            try:
+                r = clients[plan[i]].post("/v1/jobs", json=body,
+                                          headers={"Idempotency-Key": f"sim-{i}"})
+                r.raise_for_status()
+                return
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+
     try:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
-            for r in pool.map(lambda u: clients[u].post("/v1/jobs", json=body), plan):
-                r.raise_for_status()
+            list(pool.map(post, range(len(plan))))
         return len(plan) / (time.perf_counter() - t0)
     finally:
         for c in clients:
