@@ -28,8 +28,13 @@ enqueued_at``: p50, p99, the longest), and fairness: Jain's index
 left (queued or running), sampled every 0.1 s while some job waits, averaged. 1.0: every
 user with work runs as many jobs as the others.
 
+Then, to see how a claim's cost grows with the queue (the simulation's queue is at most
+``--jobs`` long): ``claim()`` with one claimer and no contention on queues of ``--solo``
+sizes (default 1,000, 10,000 and 100,000 jobs inserted straight into the database),
+the median of 20 claims each (5 above 10,000).
+
 Usage: ``python bench/scheduler_sim.py [--jobs 1000] [--users 20] [--workers 50]
-[--procs 4] [--min-s 0.5] [--max-s 1.5]``
+[--procs 4] [--min-s 0.5] [--max-s 1.5] [--solo 1000 10000 100000]``
 """
 
 from __future__ import annotations
@@ -154,6 +159,50 @@ def _fairness(rows: list, step: float = 0.1) -> tuple[float, float]:
     return statistics.mean(idx), statistics.mean(users)
 
 
+def solo_claims(db_url: str, sizes: list[int], users: int, n: int = 20) -> list[tuple[int, float]]:
+    """``claim()`` with ONE claimer (no contention) on a queue of each size in ``sizes``
+    (jobs inserted straight into the database, spread over ``users`` owners): the median
+    seconds of ``n`` claims, per size. Shows how a claim's cost grows with the queue."""
+    from sqlalchemy import insert
+
+    from service.db.models import Job, new_id, utcnow
+    from service.db.session import make_engine, make_session_factory
+    from service.ops import create_user_token, transition
+    from service.scheduler import claim
+    from service.settings import Settings
+
+    settings = Settings(database_url=db_url, broker_url="memory://", max_running_per_user=0)
+    engine = make_engine(db_url)
+    sessions = make_session_factory(engine)
+    with sessions() as s:
+        owners = [create_user_token(s, name=f"solo-{i:03d}")[0].id for i in range(users)]
+        s.commit()
+    out, have = [], 0
+    for size in sorted(sizes):
+        now = utcnow()
+        with sessions() as s:
+            s.execute(insert(Job), [dict(
+                id=new_id("j"), owner_id=owners[i % users], kind="train", model="yolo9-t",
+                data="/d.yaml", params={}, gpus=1, procs=1, priority=0, queue="solo",
+                status="queued", attempt=0, max_attempts=3, cancel_requested=False,
+                event_seq=0, events_offset=0, log_offset=0, created_at=now, enqueued_at=now)
+                for i in range(size - have)])
+            s.commit()
+        spans = []
+        for _ in range(n if size <= 10_000 else max(3, n // 4)):
+            t0 = time.perf_counter()
+            with sessions() as s:
+                job_id = claim(s, "solo", "solo-worker", settings)
+            spans.append(time.perf_counter() - t0)
+            with sessions() as s:  # finished at once: the owner's running count stays 0
+                transition(s, job_id, ["running"], "succeeded", finished_at=utcnow())
+                s.commit()
+        have = size - n
+        out.append((size, statistics.median(spans)))
+    engine.dispose()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the simulation; print the table and the result line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -164,6 +213,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-s", type=float, default=0.5)
     parser.add_argument("--max-s", type=float, default=1.5)
     parser.add_argument("--idle-s", type=float, default=0.2)
+    parser.add_argument("--solo", nargs="*", type=int, default=[1000, 10000, 100000],
+                        help="queue sizes of the one-claimer claim() cost (none: skip)")
     args = parser.parse_args(argv)
     if not pg_ok():
         print("scheduler_sim: skipped (PostgreSQL not reachable)")
@@ -183,6 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     plan = [rng.randrange(heavy) for _ in range(args.jobs // 2)] + \
         [rng.randrange(heavy, args.users) for _ in range(args.jobs - args.jobs // 2)]
     rng.shuffle(plan)
+    solo = ""
+    if args.solo:
+        with scratch_database("postgresql", tmp) as db_url:
+            upgrade(db_url)
+            solo = ", one claimer: claim() " + ", ".join(
+                f"{t * 1000:.0f} ms at {size} queued" for size, t in
+                solo_claims(db_url, args.solo, args.users))
     with scratch_database("postgresql", tmp) as db_url:
         upgrade(db_url)
         engine = make_engine(db_url)
@@ -251,8 +309,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{pct(spans, 0.5) * 1000:.0f} p99={pct(spans, 0.99) * 1000:.0f} ms), queued->running "
           f"p50={pct(waits, 0.5):.1f} p99={pct(waits, 0.99):.1f} s, longest wait "
           f"{max(waits):.1f} s, Jain running share {jain:.2f} over {active:.1f} users with work, "
-          f"makespan {makespan:.0f} s (ideal {ideal:.0f} s: jobs x mean duration / workers)",
-          flush=True)
+          f"makespan {makespan:.0f} s (ideal {ideal:.0f} s: jobs x mean duration / workers)"
+          + solo, flush=True)
 
 
 if __name__ == "__main__":
