@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
@@ -21,6 +21,7 @@ __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "
            "check_same_origin", "current_user"]
 
 LOCAL_ADMIN = "local"
+_Row = TypeVar("_Row")
 
 
 # async: FastAPI runs a plain ``def`` dependency in the thread pool, a hop that costs more
@@ -102,7 +103,7 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         user = user_for_token(session, token.strip())
         if user is None:
             raise Problem(401, "unknown or revoked token", headers=_UNAUTHORIZED)
-        return user
+        return _released(session, user)
     cookie = request.cookies.get(TOKEN_COOKIE)
     if cookie:
         if request.method not in SAFE_METHODS:
@@ -110,7 +111,7 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         user = user_for_token(session, cookie)
         if user is None:
             raise Problem(401, "unknown or revoked token: sign in again", headers=_UNAUTHORIZED)
-        return user
+        return _released(session, user)
     if not settings.require_token:
         user = session.scalar(select(User).where(User.name == LOCAL_ADMIN))
         if user is None:
@@ -120,6 +121,15 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         return user
     raise Problem(401, "missing bearer token: send 'Authorization: Bearer <token>' "
                   "(create one with `libreyolo-service token create`)", headers=_UNAUTHORIZED)
+
+
+def _released(session: Session, row: _Row) -> _Row:
+    """End the dependency's read (the row stays loaded) so the request holds no pooled
+    connection while it waits for its next thread-pool hop: with hundreds of requests at
+    once (SSE clients reconnecting), requests holding every connection while waiting for a
+    thread, and threads waiting for a connection, deadlocked until the pool timed out."""
+    session.commit()
+    return row
 
 
 CurrentUser = Annotated[User, Depends(current_user)]
@@ -134,7 +144,7 @@ def owned_job(job_id: str, user: CurrentUser, session: SessionDep) -> Job:
     job = session.get(Job, job_id)
     if job is None or (job.owner_id != user.id and not user.is_admin):
         raise Problem(404, f"job {job_id!r} not found")
-    return job
+    return _released(session, job)
 
 
 OwnedJob = Annotated[Job, Depends(owned_job)]
