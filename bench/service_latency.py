@@ -92,6 +92,12 @@ def _serve_argv(port: int, procs: int) -> list[str]:
     return head + ["serve", "--port", str(port)] + (["--workers", str(procs)] if procs > 1 else [])
 
 
+def _row(table: list[str], row: str) -> None:
+    """Add a table row and print it at once (a later failure keeps what was measured)."""
+    table.append(row)
+    print(row, flush=True)
+
+
 def _api_procs(api: subprocess.Popen) -> list:
     """The serve process and its children (uvicorn's supervisor and its API processes)."""
     import psutil
@@ -284,7 +290,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                             lat, wall = asyncio.run(_get_load(url, token, path, n, c))
                             cpu_ms = (_cpu_s(procs) - c0) / len(lat) * 1000
                             rps = len(lat) / wall
-                            table.append(f"{kind:10} {n_procs:5} {name:7} {c:4} {cpu_ms:8.2f} "
+                            _row(table, f"{kind:10} {n_procs:5} {name:7} {c:4} {cpu_ms:8.2f} "
                                          f"{rps:8.0f} {pct(lat, 0.5):8.1f} {pct(lat, 0.99):8.1f}")
                             reads.append(f"{name} c{c} cpu={cpu_ms:.1f} ms {rps:.0f} req/s "
                                          f"p50={pct(lat, 0.5):.1f} p99={pct(lat, 0.99):.1f}")
@@ -293,7 +299,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                         idle, fan = asyncio.run(_sse(url, token, running, streams, procs, sessions))
                         sse = (f"; sse{streams} idle_cpu={idle:.2f}% fanout p50={pct(fan, 0.5):.0f} "
                                f"max={max(fan):.0f} ms")
-                        table.append(f"{kind:10} {n_procs:5} sse{streams}: idle API CPU {idle:.2f}% "
+                        _row(table, f"{kind:10} {n_procs:5} sse{streams}: idle API CPU {idle:.2f}% "
                                      f"of a core; event to all streams p50={pct(fan, 0.5):.0f} "
                                      f"max={max(fan):.0f} ms")
                     parts.append(f"{head} " + "; ".join(reads) + sse + f", api_rss={rss_mb:.0f} MB")
@@ -351,8 +357,9 @@ def main(argv: list[str] | None = None) -> None:
                         choices=["job", "list", "events"])
     args = parser.parse_args(argv)
     load0 = os.getloadavg()[0]
-    table = [f"{'backend':10} {'procs':5} {'read':7} {'conc':>4} {'cpu_ms':>8} {'req/s':>8} "
-             f"{'p50_ms':>8} {'p99_ms':>8}"]
+    table: list[str] = []
+    _row(table, f"{'backend':10} {'procs':5} {'read':7} {'conc':>4} {'cpu_ms':>8} {'req/s':>8} "
+             f"{'p50_ms':>8} {'p99_ms':>8}")
     parts = []
     for kind in args.backends:
         if kind == "postgresql" and not (pg_ok() and shutil.which("redis-server")):
@@ -360,7 +367,6 @@ def main(argv: list[str] | None = None) -> None:
             continue
         parts.append(run_backend(kind, args.procs, args.jobs, args.requests, args.concurrency,
                                  args.queued, args.streams, table, tuple(args.reads)))
-    print("\n".join(table), flush=True)
     print(f"service_latency load={load0:.1f}/{os.getloadavg()[0]:.1f} (1-min, 2 cores) | "
           + " | ".join(parts)
           + " (goals: submit->running p50<300 ms, GET p99<20 ms at c=32, ~1 ms CPU a read, "

@@ -113,8 +113,11 @@ def serve(
     # several processes: uvicorn's supervisor imports the factory in each (settings from
     # the same environment); see docs/scaling.md
     target = "service.app:create_app" if workers > 1 else create_app(settings)
+    # the supervisor kills a process that answers no health ping for this long: 5 s (the
+    # default) killed busy API processes on a loaded machine, dropping their connections
     uvicorn.run(target, factory=workers > 1, workers=workers, host=host, port=port,
-                log_level="info", access_log=access_log, timeout_graceful_shutdown=5)
+                log_level="info", access_log=access_log, timeout_graceful_shutdown=5,
+                timeout_worker_healthcheck=60)
 
 
 def _worker_argv(gpus: str | None, cpu: bool) -> list[str]:
