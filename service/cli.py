@@ -113,8 +113,8 @@ def serve(
     # several processes: uvicorn's supervisor imports the factory in each (settings from
     # the same environment); see docs/scaling.md
     target = "service.app:create_app" if workers > 1 else create_app(settings)
-    # the supervisor kills a process that answers no health ping for this long: 5 s (the
-    # default) killed busy API processes on a loaded machine, dropping their connections
+    # the supervisor kills a process that answers no health ping for this long; the pong
+    # needs the GIL, which a saturated process may not give it within uvicorn's 5 s
     uvicorn.run(target, factory=workers > 1, workers=workers, host=host, port=port,
                 log_level="info", access_log=access_log, timeout_graceful_shutdown=5,
                 timeout_worker_healthcheck=60)
