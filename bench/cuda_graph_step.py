@@ -58,7 +58,7 @@ def one_batch(yaml_path: Path, cfg, batch: int):
 
     data_cfg = load_data_config(yaml_path)
     ds = YOLODataset(scan_split(data_cfg, "train"), cfg.imgsz, augment=True,
-                     hyp=cfg.model_dump(), seed=cfg.seed)
+                     aug=cfg.augment, seed=cfg.seed)
     loader = build_dataloader(ds, batch, 0, shuffle=True, seed=cfg.seed, drop_last=True)
     return next(iter(loader)), len(data_cfg.names), len(ds)
 
@@ -71,10 +71,9 @@ def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tu
     from libreyolo_core.engine.cuda_graph import CudaGraphManager
     from libreyolo_core.engine.ema import ModelEMA
     from libreyolo_core.engine.optim import build_optimizer
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
-    spec, size = parse_model_name(cfg.model)
-    family = load_family(spec)
+    family, size = parse_model_name(cfg.model)
     device = torch.device("cuda")
     torch.manual_seed(cfg.seed)
     model = family.build_model(size, nc).to(device).train()

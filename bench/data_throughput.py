@@ -7,7 +7,7 @@ Prints ONE line, e.g.::
 coco128 is copied to a temporary folder first (the label cache is written there, never
 into the shared copy). For each worker count: build the loader, load 1 warm-up batch
 (worker start-up, first decodes), then time ``--batches`` batches, wrapping around epochs
-(``set_epoch`` each time, as the trainer does). Augmentation = ``DEFAULT_HYP`` (TrainConfig
+(``set_epoch`` each time, as the trainer does). Augmentation = ``AugmentConfig()`` (TrainConfig
 base defaults: mosaic 1.0, mixup 1.0, HSV, flips, affine) unless ``--no-mixup``.
 
 Usage: ``python bench/data_throughput.py [--data DIR] [--imgsz 640] [--batch 16]
@@ -30,11 +30,11 @@ from pathlib import Path
 COCO128 = Path("/work/shared/datasets/coco128")
 
 
-def measure(report, imgsz: int, batch: int, n_batches: int, workers: int, hyp: dict) -> float:
+def measure(report, imgsz: int, batch: int, n_batches: int, workers: int, aug) -> float:
     """Images per second of the augmented training loader after one warm-up batch."""
     from libreyolo_core.data import YOLODataset, build_dataloader
 
-    ds = YOLODataset(report, imgsz, augment=True, hyp=hyp, seed=0)
+    ds = YOLODataset(report, imgsz, augment=True, aug=aug, seed=0)
     loader = build_dataloader(ds, batch, workers, shuffle=True, seed=0, drop_last=True)
 
     def batches(loader):
@@ -69,17 +69,17 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     logging.disable(logging.INFO)
     warnings.simplefilter("ignore")
+    from libreyolo_core.config import AugmentConfig
     from libreyolo_core.data import load_data_config, scan_split
-    from libreyolo_core.data.dataset import DEFAULT_HYP
 
-    hyp = dict(DEFAULT_HYP, mixup=0.0) if a.no_mixup else dict(DEFAULT_HYP)
+    aug = AugmentConfig(mixup=0.0) if a.no_mixup else AugmentConfig()
     with tempfile.TemporaryDirectory() as tmp:
         dst = Path(tmp) / "coco128"
         shutil.copytree(a.data, dst)
         for dirpath, _, _ in os.walk(dst):  # the shared copy is read-only; the cache is not
             os.chmod(dirpath, 0o755)
         report = scan_split(load_data_config(dst / "coco128.yaml"), "train")
-        rates = {w: measure(report, a.imgsz, a.batch, a.batches, w, hyp) for w in a.workers}
+        rates = {w: measure(report, a.imgsz, a.batch, a.batches, w, aug) for w in a.workers}
     parts = [f"workers={w}: {r:.1f} img/s" for w, r in rates.items()]
     line = f"data_throughput imgsz={a.imgsz} " + " | ".join(parts)
     if len(rates) >= 2:

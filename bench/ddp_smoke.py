@@ -44,18 +44,19 @@ def main() -> int:
                  "device": torch.cuda.get_device_name(device),
                  "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}
     try:
-        from libreyolo_core.models import yolo9
+        from libreyolo_core.models import get_family
 
+        family = get_family("yolo9")
         torch.manual_seed(0)
-        plain = yolo9.build_model("t", 4).to(device).train()
+        plain = family.build_model("t", 4).to(device).train()
         model = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(plain))
         ddp = DistributedDataParallel(model, device_ids=[device.index], output_device=device.index)
-        loss_fn = yolo9.build_loss(plain)
+        loss_fn = family.build_loss(plain)
         images = torch.randint(0, 255, (4, 3, 128, 128), dtype=torch.uint8, device=device)
         targets = torch.tensor([[0, 1, 20, 30, 60, 70], [1, 2, 40, 50, 100, 110],
                                 [2, 0, 10, 10, 50, 40], [3, 3, 64, 64, 120, 120]],
                                dtype=torch.float32, device=device)
-        x = yolo9.preprocess(images)
+        x = family.preprocess(images)
         loss, _ = loss_fn(ddp(x), targets, 4)
         (loss * 4).backward()
         ref, _ = loss_fn(plain(x), targets, 4)

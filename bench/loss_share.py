@@ -32,13 +32,12 @@ def measure(data: Path, model_name: str, imgsz: int, batch: int, steps: int, dev
     from libreyolo_core.data.dataset import YOLODataset
     from libreyolo_core.data.loader import build_dataloader
     from libreyolo_core.data.scan import scan_split
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
     cfg = resolve_config({"model": model_name, "data": str(data), "imgsz": imgsz})
-    spec, size = parse_model_name(model_name)
-    family = load_family(spec)
+    family, size = parse_model_name(model_name)
     report = scan_split(load_data_config(data), "train")
-    dataset = YOLODataset(report, imgsz, augment=True, hyp=cfg.model_dump(), seed=0)
+    dataset = YOLODataset(report, imgsz, augment=True, aug=cfg.augment, seed=0)
     loader = build_dataloader(dataset, batch, 0, shuffle=True, seed=0, drop_last=True)
     loader.sampler.set_epoch(0)
     batches = [b for _, b in zip(range(steps + 2), loader, strict=False)]
@@ -96,8 +95,8 @@ def main() -> None:
     data = coco128_copy()
     parts = []
     for name in args.models.split(","):
-        spec, size = parse_model_name(name)
-        imgsz = args.imgsz or min(spec.default_imgsz[size], 416)
+        family, size = parse_model_name(name)
+        imgsz = args.imgsz or min(family.sizes[size], 416)
         r = measure(data, name, imgsz, args.batch, args.steps, device)
         assign = "TAL inside the loss" if r["assign_pct"] != r["assign_pct"] else f"SimOTA {r['assign_pct']:.1f} %"
         parts.append(f"{name}@{imgsz} step {r['step_ms']:.0f} ms, loss {r['loss_pct']:.1f} %, {assign}")

@@ -66,6 +66,7 @@ def _worker_proc(db_url: str, names: list[str], total: int, min_s: float, max_s:
 
     from service.db.models import Job, utcnow
     from service.db.session import make_engine, make_session_factory
+    from service.lifecycle import FINISH, JobStatus
     from service.ops import transition
     from service.scheduler import claim
     from service.settings import Settings
@@ -93,7 +94,7 @@ def _worker_proc(db_url: str, names: list[str], total: int, min_s: float, max_s:
                 continue
             time.sleep(rng.uniform(min_s, max_s))
             with sessions() as s:
-                transition(s, job_id, ["running"], "succeeded", finished_at=utcnow(),
+                transition(s, job_id, FINISH, JobStatus.SUCCEEDED, finished_at=utcnow(),
                            lease_owner=None, lease_expires_at=None)
                 s.commit()
 
@@ -167,9 +168,11 @@ def solo_claims(db_url: str, sizes: list[int], users: int, n: int = 20) -> list[
 
     from service.db.models import Job, new_id, utcnow
     from service.db.session import make_engine, make_session_factory
-    from service.ops import create_user_token, transition
+    from service.lifecycle import FINISH, JobStatus
+    from service.ops import transition
     from service.scheduler import claim
     from service.settings import Settings
+    from service.users import create_user_token
 
     settings = Settings(database_url=db_url, broker_url="memory://", max_running_per_user=0)
     engine = make_engine(db_url)
@@ -195,7 +198,7 @@ def solo_claims(db_url: str, sizes: list[int], users: int, n: int = 20) -> list[
                 job_id = claim(s, "solo", "solo-worker", settings)
             spans.append(time.perf_counter() - t0)
             with sessions() as s:  # finished at once: the owner's running count stays 0
-                transition(s, job_id, ["running"], "succeeded", finished_at=utcnow())
+                transition(s, job_id, FINISH, JobStatus.SUCCEEDED, finished_at=utcnow())
                 s.commit()
         have = size - n
         out.append((size, statistics.median(spans)))
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     from service.db.migrate import upgrade
     from service.db.models import Job
     from service.db.session import make_engine, make_session_factory
-    from service.ops import create_user_token
+    from service.users import create_user_token
 
     load0 = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))

@@ -233,8 +233,9 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
     import httpx
     from sqlalchemy import select
 
-    from service.db.models import TERMINAL, Job, User
+    from service.db.models import Job, User
     from service.db.session import make_engine, make_session_factory
+    from service.lifecycle import TERMINAL
 
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-svc-{kind}-"))
     parts: list[str] = []

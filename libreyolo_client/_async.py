@@ -8,8 +8,8 @@ are sync-only (use :class:`~libreyolo_client.Client` for those).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator
@@ -18,30 +18,29 @@ from typing import Any
 
 import httpx
 
+from libreyolo_client import _follow
 from libreyolo_client._client import (
     CHUNK,
     DEFAULT_TIMEOUT,
-    FOLLOW_GIVE_UP_S,
     RETRY_STATUSES,
-    SSE_FAILURES_BEFORE_POLLING,
     TUNE_OPTIONS,
     _Base,
-    _check_deadline,
+    _final,
     _request_of,
     _sha256,
 )
 from libreyolo_client._errors import (
     ChecksumError,
     Conflict,
-    JobCancelled,
-    JobFailed,
     ServiceUnavailable,
     SubmitWarning,
     ValidationError,
     error_from_response,
+    no_answer,
 )
+from libreyolo_client._follow import Follower
 from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model, Preflight, TuneReport
-from libreyolo_client._sse import aparse_sse
+from libreyolo_client._sse import SSEvent, aparse_sse
 
 __all__ = ["AsyncClient", "AsyncJob"]
 
@@ -86,7 +85,7 @@ class AsyncClient(_Base):
                                          "infinity are not numbers JSON can carry)") from exc
             except httpx.TransportError as exc:
                 if not idempotent or attempt >= self.retries:
-                    raise self._unavailable(exc, _request_of(exc)) from exc
+                    raise no_answer(exc, _request_of(exc)) from exc
             else:
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
@@ -96,6 +95,37 @@ class AsyncClient(_Base):
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._request(method, path, **kw)).json()
+
+    async def _drive(self, follower: Follower) -> AsyncIterator[Event]:
+        """Async twin of ``Client._drive``: performs a follower's operations
+        (:mod:`libreyolo_client._follow`), awaiting; yields the events it delivers."""
+        with contextlib.closing(follower):
+            async with contextlib.AsyncExitStack() as stream:
+                lines: AsyncIterator[SSEvent] | None = None
+                while (op := follower.next_op()) is not None:
+                    try:
+                        if isinstance(op, _follow.Deliver):
+                            yield op.event
+                        elif isinstance(op, _follow.Sleep):
+                            await asyncio.sleep(op.seconds)
+                        elif isinstance(op, _follow.GetPage):
+                            follower.answer(await self._json("GET", op.path, params=op.params))
+                        elif isinstance(op, _follow.OpenStream):
+                            r = await stream.enter_async_context(self._http.stream(
+                                "GET", op.path, headers=op.headers, timeout=op.timeout))
+                            if r.status_code >= 400:
+                                await r.aread()
+                                raise error_from_response(r)
+                            lines = aparse_sse(r.aiter_lines())
+                            follower.answer(r.headers.get("content-type", ""))
+                        elif isinstance(op, _follow.NextSSE):
+                            follower.answer(await anext(lines, None) if lines is not None
+                                            else None)
+                        elif isinstance(op, _follow.CloseStream):
+                            await stream.aclose()
+                    except Exception as exc:
+                        await stream.aclose()
+                        follower.fail(exc)
 
     async def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
                      gpus: int | None = None, procs: int = 1, priority: int = 0,
@@ -249,63 +279,11 @@ class AsyncJob:
         page = await self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactInfo.model_validate(a) for a in page["data"]]
 
-    async def events(self, after: int = 0, *, timeout: float | None = None
-                     ) -> AsyncIterator[Event]:
-        """Follow the job's events to the end; see :meth:`Job.events`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last, failures, since_ok = after, 0, time.monotonic()
-        c = self._client
-        while True:
-            if failures >= SSE_FAILURES_BEFORE_POLLING:
-                async for ev in self._poll(last, deadline):
-                    yield ev
-                return
-            try:
-                got = False
-                async with c._http.stream(
-                        "GET", f"/v1/jobs/{self.id}/events/stream",
-                        headers={"Accept": "text/event-stream", "Last-Event-ID": str(last)},
-                        timeout=httpx.Timeout(10.0, read=60.0)) as r:
-                    if r.status_code >= 400:
-                        await r.aread()
-                        raise error_from_response(r)
-                    async for sse in aparse_sse(r.aiter_lines()):
-                        if sse.event == "end":
-                            return
-                        if not sse.data or sse.event not in ("log", "metric", "status",
-                                                             "artifact"):
-                            continue
-                        ev = Event.model_validate_json(sse.data)
-                        got, failures, since_ok = True, 0, time.monotonic()
-                        if ev.seq > last:
-                            last = ev.seq
-                            yield ev
-                        _check_deadline(deadline, self)  # type: ignore[arg-type]
-                if not got:
-                    failures += 1
-                    await asyncio.sleep(c._delay(failures - 1))
-            except (httpx.TransportError, ServiceUnavailable) as exc:
-                failures += 1
-                if time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
-                    raise c._unavailable(exc, None) from exc
-                await asyncio.sleep(c._delay(failures - 1))
-            _check_deadline(deadline, self)  # type: ignore[arg-type]
-
-    async def _poll(self, after: int, deadline: float | None) -> AsyncIterator[Event]:
-        last = after
-        while True:
-            page = await self._client._json("GET", f"/v1/jobs/{self.id}/events",
-                                            params={"after": last, "limit": 1000})
-            for e in page["data"]:
-                ev = Event.model_validate(e)
-                if ev.seq > last:
-                    last = ev.seq
-                    yield ev
-            if page.get("done"):
-                return
-            if not page["data"]:
-                _check_deadline(deadline, self)  # type: ignore[arg-type]
-                await asyncio.sleep(1.0)
+    def events(self, after: int = 0, *, follow: bool = True, timeout: float | None = None
+               ) -> AsyncIterator[Event]:
+        """The job's events in order, each once; see :meth:`Job.events`."""
+        return self._client._drive(Follower(self, after, follow=follow, timeout=timeout,
+                                            delay=self._client._delay))
 
     async def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True
                    ) -> JobInfo:
@@ -316,11 +294,7 @@ class AsyncJob:
         while not info.done:
             await asyncio.sleep(0.5)
             info = await self.refresh()
-        if raise_on_failure and info.status == "failed":
-            raise JobFailed(info)
-        if raise_on_failure and info.status == "cancelled":
-            raise JobCancelled(info)
-        return info
+        return _final(info, raise_on_failure)
 
     async def download(self, path: str = "weights/best.pt",
                        dest: str | os.PathLike[str] | None = None) -> Path:
@@ -350,7 +324,7 @@ class AsyncJob:
                             f.write(chunk)
             except (httpx.TransportError, ServiceUnavailable) as exc:
                 if attempt >= c.retries:
-                    raise c._unavailable(exc, None) from exc
+                    raise no_answer(exc, None) from exc
                 await asyncio.sleep(c._delay(attempt))
                 attempt += 1
                 continue

@@ -1,12 +1,14 @@
 """``Client`` and ``Job``: the synchronous SDK over httpx.
 
 Everything that does no I/O (URLs, headers, request bodies, parsing replies, retry
-decisions) lives in :class:`_Base`, so the async twin (``libreyolo_client._async``)
+decisions) lives in :class:`_Base`, and following a job's events in
+:class:`libreyolo_client._follow.Follower`, so the async twin (``libreyolo_client._async``)
 only sends and awaits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from libreyolo_client import _config
+from libreyolo_client import _config, _follow
 from libreyolo_client._errors import (
     APIError,
     ChecksumError,
@@ -33,7 +35,9 @@ from libreyolo_client._errors import (
     ValidationError,
     WaitTimeout,
     error_from_response,
+    no_answer,
 )
+from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
     DatasetInfo,
@@ -44,17 +48,13 @@ from libreyolo_client._models import (
     TuneReport,
 )
 from libreyolo_client._progress import EventPrinter
-from libreyolo_client._sse import parse_sse
+from libreyolo_client._sse import SSEvent, parse_sse
 
 __all__ = ["Client", "Job", "DEFAULT_TIMEOUT"]
 
 #: seconds per phase; reads are long because a dataset upload waits for the scan.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 RETRY_STATUSES = frozenset({502, 503, 504})
-#: give up following a job when the service has not answered for this long (seconds).
-FOLLOW_GIVE_UP_S = 300.0
-#: consecutive SSE failures before following falls back to polling ``/events``.
-SSE_FAILURES_BEFORE_POLLING = 3
 CHUNK = 1 << 20
 
 ProgressFn = Callable[[int, int | None], None]
@@ -116,12 +116,6 @@ class _Base:
         if r.status_code >= 400:
             raise error_from_response(r)
         return r
-
-    @staticmethod
-    def _unavailable(exc: Exception, request: httpx.Request | None) -> ServiceUnavailable:
-        where = f" ({request.method} {request.url})" if request is not None else ""
-        return ServiceUnavailable(0, f"no answer from the service{where}: "
-                                  f"{type(exc).__name__}: {exc}", request=request)
 
     @staticmethod
     def _dest(path: str, dest: str | os.PathLike[str] | None) -> Path:
@@ -230,7 +224,7 @@ class Client(_Base):
                                          "infinity are not numbers JSON can carry)") from exc
             except httpx.TransportError as exc:
                 if not idempotent or attempt >= self.retries:
-                    raise self._unavailable(exc, _request_of(exc)) from exc
+                    raise no_answer(exc, _request_of(exc)) from exc
             else:
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
@@ -240,6 +234,36 @@ class Client(_Base):
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._request(method, path, **kw).json()
+
+    def _drive(self, follower: Follower) -> Iterator[Event]:
+        """Perform a follower's operations (:mod:`libreyolo_client._follow`), blocking;
+        yields the events it delivers. The open stream, if any, is closed before an error
+        is reported to the follower, and when following stops."""
+        with contextlib.closing(follower), contextlib.ExitStack() as stream:
+            lines: Iterator[SSEvent] | None = None
+            while (op := follower.next_op()) is not None:
+                try:
+                    if isinstance(op, _follow.Deliver):
+                        yield op.event
+                    elif isinstance(op, _follow.Sleep):
+                        time.sleep(op.seconds)
+                    elif isinstance(op, _follow.GetPage):
+                        follower.answer(self._json("GET", op.path, params=op.params))
+                    elif isinstance(op, _follow.OpenStream):
+                        r = stream.enter_context(self._http.stream(
+                            "GET", op.path, headers=op.headers, timeout=op.timeout))
+                        if r.status_code >= 400:
+                            r.read()
+                            raise error_from_response(r)
+                        lines = parse_sse(r.iter_lines())
+                        follower.answer(r.headers.get("content-type", ""))
+                    elif isinstance(op, _follow.NextSSE):
+                        follower.answer(next(lines, None) if lines is not None else None)
+                    elif isinstance(op, _follow.CloseStream):
+                        stream.close()
+                except Exception as exc:
+                    stream.close()
+                    follower.fail(exc)
 
     # -- service ----------------------------------------------------------------------
     def health(self) -> bool:
@@ -667,84 +691,8 @@ class Job:
             ServiceUnavailable: the service did not answer for ``FOLLOW_GIVE_UP_S`` seconds.
             NotFound, AuthError: the job is gone or the token is refused.
         """
-        if not follow:
-            yield from self._poll(after, follow=False, deadline=None)
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last, failures, since_ok = after, 0, time.monotonic()
-        while True:
-            if failures >= SSE_FAILURES_BEFORE_POLLING:
-                for ev in self._poll(last, follow=True, deadline=deadline):
-                    yield ev
-                return
-            try:
-                got = False
-                for ev in self._stream(last, deadline):
-                    if ev is None:  # the terminal `end` event
-                        return
-                    got, failures, since_ok = True, 0, time.monotonic()
-                    if ev.seq > last:
-                        last = ev.seq
-                        yield ev
-                # the stream ended without `end` (the API restarted): reconnect
-                if not got:
-                    failures += 1
-                    time.sleep(self._client._delay(failures - 1))
-            except (httpx.TransportError, ServiceUnavailable) as exc:
-                failures += 1
-                if time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
-                    raise self._client._unavailable(exc, None) from exc
-                time.sleep(self._client._delay(failures - 1))
-            _check_deadline(deadline, self)
-
-    def _stream(self, last: int, deadline: float | None) -> Iterator[Event | None]:
-        """One SSE connection: events after ``last``, then None on ``end``."""
-        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
-        read_s = 60.0 if deadline is None else max(1.0, min(60.0, deadline - time.monotonic()))
-        timeout = httpx.Timeout(10.0, read=read_s)
-        try:
-            with self._client._http.stream("GET", f"/v1/jobs/{self.id}/events/stream",
-                                           headers=headers, timeout=timeout) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    raise error_from_response(r)
-                if not r.headers.get("content-type", "").startswith("text/event-stream"):
-                    raise ServiceUnavailable(0, "the event stream is not text/event-stream "
-                                             "(a proxy in the way?)")
-                for sse in parse_sse(r.iter_lines()):
-                    if sse.event == "end":
-                        yield None
-                        return
-                    if sse.event in ("log", "metric", "status", "artifact") and sse.data:
-                        yield Event.model_validate_json(sse.data)
-                    _check_deadline(deadline, self)
-        except httpx.ReadTimeout:
-            _check_deadline(deadline, self)
-            raise
-
-    def _poll(self, after: int, *, follow: bool, deadline: float | None) -> Iterator[Event]:
-        """Events by polling ``GET /events?after=`` (1 s between empty pages)."""
-        last, since_ok = after, time.monotonic()
-        while True:
-            try:
-                page = self._client._json("GET", f"/v1/jobs/{self.id}/events",
-                                          params={"after": last, "limit": 1000})
-            except ServiceUnavailable:
-                if not follow or time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
-                    raise
-                time.sleep(1.0)
-                continue
-            since_ok = time.monotonic()
-            for e in page["data"]:
-                ev = Event.model_validate(e)
-                if ev.seq > last:
-                    last = ev.seq
-                    yield ev
-            if page.get("done") or (not follow and not page["data"]):
-                return
-            if not page["data"]:
-                _check_deadline(deadline, self)
-                time.sleep(1.0)
+        return self._client._drive(Follower(self, after, follow=follow, timeout=timeout,
+                                            delay=self._client._delay))
 
     def wait(self, timeout: float | None = None, *, progress: bool = False,
              on_event: EventFn | None = None, raise_on_failure: bool = True) -> JobInfo:
@@ -782,11 +730,7 @@ class Job:
                 raise WaitTimeout(f"job {self.id} still {info.status}")
             time.sleep(0.5)
             info = self.refresh()
-        if raise_on_failure and info.status == "failed":
-            raise JobFailed(info)
-        if raise_on_failure and info.status == "cancelled":
-            raise JobCancelled(info)
-        return info
+        return _final(info, raise_on_failure)
 
     def logs(self, *, follow: bool = False, tail: int | None = None,
              poll_s: float = 1.0) -> Iterator[str]:
@@ -878,7 +822,7 @@ class Job:
                 expected = self._fetch(path, part, known, report)
             except (httpx.TransportError, ServiceUnavailable) as exc:
                 if attempt >= c.retries:
-                    raise c._unavailable(exc, None) from exc
+                    raise no_answer(exc, None) from exc
                 time.sleep(c._delay(attempt))
                 attempt += 1
                 continue
@@ -932,6 +876,16 @@ class Job:
         return expected
 
 
+def _final(info: JobInfo, raise_on_failure: bool) -> JobInfo:
+    """A finished job's ``info``; with ``raise_on_failure``, :class:`JobFailed` or
+    :class:`JobCancelled` instead when it did not succeed (``wait`` of both clients)."""
+    if raise_on_failure and info.status == "failed":
+        raise JobFailed(info)
+    if raise_on_failure and info.status == "cancelled":
+        raise JobCancelled(info)
+    return info
+
+
 def _request_of(exc: httpx.HTTPError) -> httpx.Request | None:
     try:
         return exc.request
@@ -945,9 +899,3 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _check_deadline(deadline: float | None, job: Job) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise WaitTimeout(f"job {job.id} not finished in time (status {job.info.status}); "
-                          "it keeps running on the service")

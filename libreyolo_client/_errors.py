@@ -165,3 +165,11 @@ def error_from_response(r: httpx.Response) -> APIError:
     if r.status_code in (502, 504):
         cls = ServiceUnavailable
     return cls(r.status_code, detail, problem=problem, request=r.request)
+
+
+def no_answer(exc: Exception, request: httpx.Request | None) -> ServiceUnavailable:
+    """The :class:`ServiceUnavailable` for a request that got no answer (``exc``: the
+    transport error or the last 503), naming ``request`` when known."""
+    where = f" ({request.method} {request.url})" if request is not None else ""
+    return ServiceUnavailable(0, f"no answer from the service{where}: "
+                              f"{type(exc).__name__}: {exc}", request=request)

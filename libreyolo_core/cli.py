@@ -216,7 +216,8 @@ def cmd_cfg(keys: dict[str, Any]) -> int:
 def cmd_checks(keys: dict[str, Any]) -> int:
     """Scan every split of the dataset and print its report; exit 1 if a split is unusable."""
     from libreyolo_core.data.config import load_data_config
-    from libreyolo_core.data.scan import DatasetError, format_report, scan_split
+    from libreyolo_core.data.report import DatasetError, format_report
+    from libreyolo_core.data.scan import scan_split
 
     _check_keys("checks", keys)
     if not keys.get("data"):
@@ -364,7 +365,7 @@ def _record_error(code: int, exc: BaseException) -> None:
 
 def _exit_for(exc: Exception) -> int:
     from libreyolo_core.data.config import DataConfigError
-    from libreyolo_core.data.scan import DatasetError
+    from libreyolo_core.data.report import DatasetError
     from libreyolo_core.engine.checkpoint import CheckpointError
     from libreyolo_core.profiler import ProfileWindowError
 

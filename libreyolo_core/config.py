@@ -2,8 +2,8 @@
 
 Pydantic v2, importable without torch: the service validates job requests with it. Each
 field carries its default, type, range and meaning; cross-field rules live in the model
-validator. Family defaults (reference E.2) come from the model registry and replace only
-the keys the user did not set (:func:`resolve_config`).
+validator. Family defaults (``Family.overrides``, docs/architecture.md "Models") come from
+the model registry and replace only the keys the user did not set (:func:`resolve_config`).
 
 Names follow the field's standard terms (LibreYOLO / Ultralytics); a few Ultralytics or
 older LibreYOLO spellings are accepted as aliases (see :data:`ALIASES`).
@@ -11,6 +11,7 @@ older LibreYOLO spellings are accepted as aliases (see :data:`ALIASES`).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from libreyolo_core.models.registry import ModelNameError, parse_model_name
 
-__all__ = ["TrainConfig", "ConfigError", "ALIASES", "resolve_config", "describe_config"]
+__all__ = ["AugmentConfig", "TrainConfig", "ConfigError", "ALIASES", "resolve_config", "describe_config"]
 
 #: Alternative spellings accepted on input, mapped to the canonical field name.
 ALIASES: dict[str, str] = {
@@ -56,11 +57,73 @@ class ConfigError(ValueError):
         super().__init__(message or f"{key}={value!r} is invalid: {allowed}")
 
 
+def _as_range(v: Any) -> Any:
+    """``(lo, hi)`` from a number ``s`` (``(1 - s, 1 + s)``, lo at least 0), a string
+    ``"0.5, 1.5"`` / ``"0.5"``, or a pair (returned as given)."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return (max(1.0 - float(v), 0.0), 1.0 + float(v))
+    if isinstance(v, str):
+        parts = [p for p in v.strip("()[] ").replace(",", " ").split() if p]
+        if len(parts) == 1:
+            return _as_range(float(parts[0]))
+        return tuple(float(p) for p in parts)
+    return v
+
+
+def _check_range(key: str, value: tuple[float, float]) -> None:
+    lo, hi = value
+    if not (0 < lo <= hi <= 10):
+        raise ValueError(f"{key}=({lo}, {hi}) needs 0 < lo <= hi <= 10")
+
+
+class AugmentConfig(BaseModel):
+    """The augmentation keys the dataset reads, with their defaults, ranges and meanings.
+
+    Declared once here; :class:`TrainConfig` has the same fields (flat keys such as
+    ``mosaic=0.5``) and hands a validated copy to the dataset as :attr:`TrainConfig.augment`,
+    so the ranges are checked once. Frozen: a dataset cannot change its recipe.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mosaic: float = Field(1.0, ge=0, le=1, description="mosaic probability")
+    mixup: float = Field(1.0, ge=0, le=1, description="mixup probability (keeps both label sets)")
+    hsv_prob: float = Field(1.0, ge=0, le=1, description="probability of the HSV jitter")
+    hsv_h: float = Field(5.0, ge=0, le=90, description="hue jitter, +- OpenCV hue units (of 180)")
+    hsv_s: float = Field(30.0, ge=0, le=255, description="saturation jitter, +- of 255")
+    hsv_v: float = Field(30.0, ge=0, le=255, description="value jitter, +- of 255")
+    degrees: float = Field(10.0, ge=0, le=180, description="random rotation, +- degrees")
+    translate: float = Field(0.1, ge=0, le=0.9, description="random translation, +- fraction")
+    scale: tuple[float, float] = Field(
+        (0.1, 2.0), description="random scale range (lo, hi); a number s means (1-s, 1+s)"
+    )
+    shear: float = Field(2.0, ge=0, le=90, description="random shear, +- degrees")
+    perspective: float = Field(0.0, ge=0, le=0.001, description="random perspective")
+    flipud: float = Field(0.0, ge=0, le=1, description="vertical flip probability")
+    fliplr: float = Field(0.5, ge=0, le=1, description="horizontal flip probability")
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _range(cls, v: Any) -> Any:
+        return _as_range(v)
+
+    @model_validator(mode="after")
+    def _scale_order(self) -> AugmentConfig:
+        _check_range("scale", self.scale)
+        return self
+
+
+def _augment(key: str) -> Any:
+    """A copy of :class:`AugmentConfig`'s field ``key`` (default, range, description), so
+    :class:`TrainConfig` declares the same field without writing it twice."""
+    return copy.copy(AugmentConfig.model_fields[key])
+
+
 class TrainConfig(BaseModel):
     """Every training key with its default, type and range.
 
-    The defaults are LibreYOLO's base defaults (reference E.1); a model family replaces
-    some of them (reference E.2, :mod:`libreyolo_core.models.registry`). Effective LR is
+    The defaults are LibreYOLO's base defaults; a model family replaces some of them
+    (:attr:`~libreyolo_core.models.family.Family.overrides`). Effective LR is
     ``lr0`` whatever the batch; ``nbs`` adds gradient accumulation instead.
     """
 
@@ -97,22 +160,20 @@ class TrainConfig(BaseModel):
     ema: bool = Field(True, description="keep an EMA of the weights (validated and saved)")
     ema_decay: float = Field(0.9998, gt=0, lt=1, description="EMA decay d in d*(1-exp(-n/tau))")
     ema_tau: float = Field(2000.0, gt=0, description="EMA ramp time constant, optimizer steps")
-    # -- augmentation ----------------------------------------------------------------
-    mosaic: float = Field(1.0, ge=0, le=1, description="mosaic probability")
-    mixup: float = Field(1.0, ge=0, le=1, description="mixup probability (keeps both label sets)")
-    hsv_prob: float = Field(1.0, ge=0, le=1, description="probability of the HSV jitter")
-    hsv_h: float = Field(5.0, ge=0, le=90, description="hue jitter, +- OpenCV hue units (of 180)")
-    hsv_s: float = Field(30.0, ge=0, le=255, description="saturation jitter, +- of 255")
-    hsv_v: float = Field(30.0, ge=0, le=255, description="value jitter, +- of 255")
-    degrees: float = Field(10.0, ge=0, le=180, description="random rotation, +- degrees")
-    translate: float = Field(0.1, ge=0, le=0.9, description="random translation, +- fraction")
-    scale: tuple[float, float] = Field(
-        (0.1, 2.0), description="random scale range (lo, hi); a number s means (1-s, 1+s)"
-    )
-    shear: float = Field(2.0, ge=0, le=90, description="random shear, +- degrees")
-    perspective: float = Field(0.0, ge=0, le=0.001, description="random perspective")
-    flipud: float = Field(0.0, ge=0, le=1, description="vertical flip probability")
-    fliplr: float = Field(0.5, ge=0, le=1, description="horizontal flip probability")
+    # -- augmentation (declared once, in AugmentConfig) --------------------------------
+    mosaic: float = _augment("mosaic")
+    mixup: float = _augment("mixup")
+    hsv_prob: float = _augment("hsv_prob")
+    hsv_h: float = _augment("hsv_h")
+    hsv_s: float = _augment("hsv_s")
+    hsv_v: float = _augment("hsv_v")
+    degrees: float = _augment("degrees")
+    translate: float = _augment("translate")
+    scale: tuple[float, float] = _augment("scale")
+    shear: float = _augment("shear")
+    perspective: float = _augment("perspective")
+    flipud: float = _augment("flipud")
+    fliplr: float = _augment("fliplr")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
     no_aug_epochs: int = Field(15, ge=0, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
@@ -155,8 +216,8 @@ class TrainConfig(BaseModel):
     @field_validator("model", mode="before")
     @classmethod
     def _model_name(cls, v: Any) -> str:
-        spec, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
-        return f"{spec.name}-{size}"
+        family, size = parse_model_name(str(v))  # raises ModelNameError (a ValueError)
+        return f"{family.name}-{size}"
 
     @field_validator("data", "project", "name", mode="before")
     @classmethod
@@ -222,14 +283,7 @@ class TrainConfig(BaseModel):
     @field_validator("scale", "mixup_scale", mode="before")
     @classmethod
     def _range(cls, v: Any) -> Any:
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return (max(1.0 - float(v), 0.0), 1.0 + float(v))
-        if isinstance(v, str):
-            parts = [p for p in v.strip("()[] ").replace(",", " ").split() if p]
-            if len(parts) == 1:
-                return cls._range(float(parts[0]))
-            return tuple(float(p) for p in parts)
-        return v
+        return _as_range(v)
 
     @field_validator("resume", mode="before")
     @classmethod
@@ -253,9 +307,7 @@ class TrainConfig(BaseModel):
         if self.batch == 0:
             raise ValueError("batch=0: use a positive batch or -1 for autobatch")
         for key in ("scale", "mixup_scale"):
-            lo, hi = getattr(self, key)
-            if not (0 < lo <= hi <= 10):
-                raise ValueError(f"{key}=({lo}, {hi}) needs 0 < lo <= hi <= 10")
+            _check_range(key, getattr(self, key))
         if self.warmup_lr_start > self.lr0:
             raise ValueError(
                 f"warmup_lr_start={self.warmup_lr_start} exceeds lr0={self.lr0}; "
@@ -267,6 +319,12 @@ class TrainConfig(BaseModel):
             raise ValueError("preflight=True estimates a training run; a profile-only run "
                              "(profile_then_stop=True) has nothing to estimate")
         return self
+
+    @property
+    def augment(self) -> AugmentConfig:
+        """This config's augmentation keys as the dataset takes them (already validated
+        here, so not checked again)."""
+        return AugmentConfig.model_construct(**{k: getattr(self, k) for k in AugmentConfig.model_fields})
 
 
 # Keys whose pydantic error should be reported as "unknown key" with suggestions.
@@ -345,10 +403,10 @@ def resolve_config(overrides: Mapping[str, Any] | None = None, **kwargs: Any) ->
         if key not in TrainConfig.model_fields:
             raise _unknown_key_error(key)
     try:
-        spec, size = parse_model_name(given.get("model", TrainConfig.model_fields["model"].default))
+        family, size = parse_model_name(given.get("model", TrainConfig.model_fields["model"].default))
     except ModelNameError as exc:
         raise ConfigError("model", given.get("model"), str(exc), str(exc)) from None
-    merged = {**spec.defaults(size), **given}
+    merged = {**family.defaults(size), **given}
     try:
         cfg = TrainConfig(**merged)
     except ValidationError as exc:
@@ -364,9 +422,9 @@ def describe_config(cfg: TrainConfig) -> str:
     Source is ``user`` for keys the user set, ``family`` for family defaults, else
     ``default``.
     """
-    spec, size = parse_model_name(cfg.model)
-    family_keys = set(spec.defaults(size))
-    lines = [f"# resolved training config for {cfg.model} ({spec.title})"]
+    family, size = parse_model_name(cfg.model)
+    family_keys = set(family.defaults(size))
+    lines = [f"# resolved training config for {cfg.model} ({family.title})"]
     width = max(len(k) for k in TrainConfig.model_fields)
     for key, info in TrainConfig.model_fields.items():
         value = getattr(cfg, key)

@@ -25,7 +25,7 @@ from libreyolo_core.distributed.context import torchrun_env
 from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.ema import unwrap
-from libreyolo_core.models.registry import get_family, load_family, parse_model_name
+from libreyolo_core.models.registry import get_family, parse_model_name
 from libreyolo_core.weights.load import LoadedWeights, load_weights
 from libreyolo_core.weights.transfer import transfer_weights
 
@@ -90,24 +90,22 @@ class LibreYOLO:
             self._adopt(load_weights(model, expect=expect))
         else:
             text = str(model)
-            self.spec, self.size = parse_model_name(text)
-            self.family = load_family(self.spec)
+            self.family, self.size = parse_model_name(text)
             self.nc = nc
             self.names = dict(names) if names else {i: str(i) for i in range(nc)}
             self.model = self.family.build_model(self.size, nc)
-            self.imgsz = self.spec.default_imgsz[self.size]
-        self.name = f"{self.spec.name}-{self.size}"
+            self.imgsz = self.family.sizes[self.size]
+        self.name = f"{self.family.name}-{self.size}"
         self.model.eval()
 
     def _adopt(self, weights: LoadedWeights) -> None:
         """Become the model stored in ``weights`` (family, size, classes, weights)."""
-        self.spec, self.size = get_family(weights.family), weights.size
-        self.family = load_family(self.spec)
+        self.family, self.size = get_family(weights.family), weights.size
         self.nc, self.names = weights.nc, dict(weights.names)
         self.model = weights.build()
-        self.imgsz = weights.imgsz or self.spec.default_imgsz[self.size]
+        self.imgsz = weights.imgsz or self.family.sizes[self.size]
         self.checkpoint, self.weights_format = weights.path, weights.format
-        self.name = f"{self.spec.name}-{self.size}"
+        self.name = f"{self.family.name}-{self.size}"
 
     def __repr__(self) -> str:
         src = f", checkpoint={str(self.checkpoint)!r}" if self.checkpoint else ""
@@ -150,7 +148,7 @@ class LibreYOLO:
         resumed = self._resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
         if resumed is not None:
             path, ckpt = resumed
-            if (ckpt["model_family"], ckpt["size"]) != (self.spec.name, self.size):
+            if (ckpt["model_family"], ckpt["size"]) != (self.family.name, self.size):
                 log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
                          ckpt["size"])
                 self._adopt(load_weights(path))
@@ -230,8 +228,8 @@ class LibreYOLO:
 
         if in_spawned_bootstrap():
             raise MainGuardError(GUARD_MESSAGE)
-        if not self.spec.spawn:
-            raise RuntimeError(f"{self.spec.title} cannot spawn DDP workers; launch one process per GPU with "
+        if not self.family.spawn:
+            raise RuntimeError(f"{self.family.title} cannot spawn DDP workers; launch one process per GPU with "
                                f"`torchrun --nproc_per_node={len(devices)} -m libreyolo_core.cli train ...`")
         world_size = len(devices)
         if cfg.batch == -1:
@@ -298,7 +296,7 @@ class LibreYOLO:
             raise DataConfigError(f"{dc.yaml_path}: {len(dc.names)} classes but the model has {self.nc}")
         dev = select_device(device)
         report = scan_split(dc, split)
-        ds = YOLODataset(report, self._inference_size(imgsz), augment=False, hyp={}, cache=False)
+        ds = YOLODataset(report, self._inference_size(imgsz), augment=False, cache=False)
         loader = build_dataloader(ds, batch, workers, shuffle=False)
         self.model.to(dev)
         try:
@@ -392,7 +390,7 @@ class LibreYOLO:
         stride, with a warning (as Ultralytics does): the feature maps of the levels must
         line up for the neck to concatenate them."""
         size = int(self.imgsz if imgsz is None else imgsz)
-        stride = self.spec.stride
+        stride = self.family.stride
         if size < stride:
             raise ValueError(f"imgsz={size} must be >= {stride} (pixels)")
         if size % stride:

@@ -3,11 +3,14 @@
 ``up`` is the embedded default: migrations, an admin token saved for the SDK, the API and
 one worker as child processes; Ctrl-C or SIGTERM stops both and leaves no child behind.
 The CLI never imports the worker: it starts ``python -m worker`` as its own process.
+Nor does it import the SDK: ``jobs``, ``datasets`` and ``models`` are the SDK's terminal
+client (``libreyolo_client``), mounted by name and imported when one of them runs.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import socket
@@ -16,11 +19,10 @@ import sys
 import time
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from libreyolo_client.cli import jobs_app
-from libreyolo_client.datasets_cli import datasets_app
-from libreyolo_client.models_cli import models_app
 from service.credentials import save_credentials, saved_token
 from service.procs import die_with_parent
 from service.settings import Settings
@@ -32,16 +34,40 @@ __all__ = ["main", "app"]
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 
+#: The SDK's command groups (``module:Typer app``), loaded on first use by
+#: :class:`_WithClientCommands`, so the service does not depend on the SDK package.
+CLIENT_COMMANDS = {"jobs": "libreyolo_client.cli:jobs_app",
+                   "datasets": "libreyolo_client.datasets_cli:datasets_app",
+                   "models": "libreyolo_client.models_cli:models_app"}
+
+
+class _WithClientCommands(TyperGroup):
+    """The service's commands, then :data:`CLIENT_COMMANDS`, each imported when it is
+    asked for (Click's lazily loaded sub-commands). Without the SDK installed they are
+    listed but unknown."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *CLIENT_COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in CLIENT_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = CLIENT_COMMANDS[cmd_name].partition(":")
+        try:
+            group = typer.main.get_group(getattr(importlib.import_module(module), attr))
+        except ImportError:
+            return None
+        group.name = cmd_name
+        return group
+
+
 app = typer.Typer(help="LibreYOLO training service", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_WithClientCommands)
 db_app = typer.Typer(help="database commands", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(users_app, name="users")
-app.add_typer(jobs_app, name="jobs")
-app.add_typer(datasets_app, name="datasets")
-app.add_typer(models_app, name="models")
 
 
 def _settings() -> Settings:
@@ -69,7 +95,7 @@ def _redact(url: str) -> str:
 
 def _create_token(settings: Settings, name: str, admin: bool) -> str:
     from service.db.session import make_engine, make_session_factory
-    from service.ops import create_user_token
+    from service.users import create_user_token
 
     engine = make_engine(settings.database_url)
     try:
@@ -158,7 +184,7 @@ def _admin_token(settings: Settings, url: str) -> tuple[str, bool]:
     """The token saved for ``url`` if this database still knows it (an admin's), else a
     new admin token. Returns ``(token, reused)``."""
     from service.db.session import make_engine, make_session_factory
-    from service.ops import user_for_token
+    from service.users import user_for_token
 
     saved = saved_token(settings.credentials_path, url)
     if saved:

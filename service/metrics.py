@@ -9,7 +9,8 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from service.db.models import JOB_STATUSES, TERMINAL, Job
+from service.db.models import Job
+from service.lifecycle import TERMINAL, JobStatus
 from service.queue import QUEUES
 from service.workers import live_queues
 
@@ -40,15 +41,15 @@ class ServiceCollector(Collector):
             counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status))
                           .all())
             queued = dict(session.execute(select(Job.queue, func.count()).where(
-                Job.status == "queued").group_by(Job.queue)).all())
+                Job.status == JobStatus.QUEUED).group_by(Job.queue)).all())
             live = live_queues(session, self.worker_ttl_s)
             times = session.execute(
                 select(Job.started_at, Job.finished_at).where(
                     Job.status.in_(TERMINAL), Job.started_at.is_not(None),
                     Job.finished_at.is_not(None)).order_by(Job.finished_at.desc()).limit(10000)
             ).all()
-        for status in JOB_STATUSES:
-            jobs.add_metric([status], counts.get(status, 0))
+        for status in JobStatus:
+            jobs.add_metric([status.value], counts.get(status, 0))
         for q in QUEUES:
             depth.add_metric([q], queued.get(q, 0))
             workers.add_metric([q], live.get(q, 0))

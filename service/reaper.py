@@ -17,7 +17,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db.models import Job, utcnow
-from service.ops import transition
+from service.job_store import expire, expired_leases
+from service.lifecycle import JobStatus
 from service.scheduler import wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore
@@ -33,11 +34,10 @@ Sender = Callable[[str, str, int], None]
 def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender) -> dict[str, int]:
     """One reaper pass.
 
-    1. ``running``/``cancelling`` jobs whose lease expired (their worker died): a
-       cancelling one becomes ``cancelled``; a running one goes back to ``queued`` (the
-       next run resumes from ``run/weights/last.pt`` when there is one; its event says
-       which) while ``attempt < max_attempts``,
-       else ``failed`` with the reason.
+    1. ``running``/``cancelling`` jobs whose lease expired (their worker died):
+       :func:`service.job_store.expire` (a cancelling one becomes ``cancelled``; a running
+       one goes back to ``queued``, resuming from ``run/weights/last.pt`` when there is one,
+       while ``attempt < max_attempts``, else ``failed`` with the reason).
     2. When a job of step 1 failed or was cancelled, its owner's running count went down:
        a wake-up is sent for each queue holding the owner's queued jobs (their cap may have
        held them back; :func:`service.scheduler.wake_targets`). A re-queued job's own
@@ -55,42 +55,22 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
     to_send: list[tuple[str, str, int]] = []
     freed: set[str] = set()  # owners with one running job less
     with sessions() as session:
-        expired = session.execute(
-            select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
-                   Job.lease_expires_at, Job.owner_id)
-            .where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
-        ).all()
-        for job_id, status, attempt, max_attempts, queue, priority, lease_at, owner in expired:
-            same_lease = [Job.lease_expires_at == lease_at]  # untouched since we read it
-            lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see runner
-            if status == "cancelling":
-                if transition(session, job_id, ["cancelling"], "cancelled", extra_where=same_lease,
-                              finished_at=now, event={"reason": "worker lost while cancelling"},
-                              **lost):
-                    counts["cancelled"] += 1
-                    freed.add(owner)
-            elif attempt < max_attempts:
-                reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
-                         f"of {max_attempts}, {store.resume_note(job_id)}"
-                if transition(session, job_id, ["running"], "queued", extra_where=same_lease,
-                              enqueued_at=now, sent_at=now, event={"reason": reason}, **lost):
-                    counts["requeued"] += 1
-                    to_send.append((job_id, queue, priority))
-            else:
-                reason = f"lease expired (worker lost) on attempt {attempt} of {max_attempts}"
-                if transition(session, job_id, ["running"], "failed", extra_where=same_lease,
-                              finished_at=now, error={"reason": reason, "exit_code": None},
-                              event={"reason": reason}, **lost):
-                    counts["failed"] += 1
-                    freed.add(owner)
+        for lease in expired_leases(session=session, now=now):
+            status = expire(session=session, lease=lease, now=now, store=store)
+            if status == JobStatus.QUEUED:
+                counts["requeued"] += 1
+                to_send.append((lease.id, lease.queue, lease.priority))
+            elif status is not None:
+                counts[status] += 1  # failed or cancelled: the owner runs one job less
+                freed.add(lease.owner_id)
         stale = session.execute(
             select(Job.id, Job.queue, Job.priority).where(
-                Job.status == "queued",
+                Job.status == JobStatus.QUEUED,
                 func.coalesce(Job.sent_at, Job.enqueued_at)
                 < now - timedelta(seconds=settings.resend_after_s))
         ).all()
         for job_id, queue, priority in stale:
-            session.execute(update(Job).where(Job.id == job_id, Job.status == "queued")
+            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
                             .values(sent_at=now))
             to_send.append((job_id, queue, priority))
             counts["resent"] += 1

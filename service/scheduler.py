@@ -45,7 +45,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
-from service.db.models import ACTIVE, Job, User, utcnow
+from service.db.models import Job, User, utcnow
+from service.lifecycle import ACTIVE, CLAIM, JobStatus
 from service.ops import transition
 from service.settings import Settings
 
@@ -134,7 +135,7 @@ def read_queue(session: Session, queue: str, settings: Settings, *, now: datetim
     counts (every queue) and caps."""
     now = now or utcnow()
     stmt = (select(Job.id, Job.owner_id, Job.priority, Job.enqueued_at, Job.created_at,
-                   Job.attempt).where(Job.queue == queue, Job.status == "queued"))
+                   Job.attempt).where(Job.queue == queue, Job.status == JobStatus.QUEUED))
     if job_id is not None:
         stmt = stmt.where(Job.id == job_id)
     waiting = [Waiting(r.id, r.owner_id, r.priority, r.enqueued_at or r.created_at, r.attempt)
@@ -214,7 +215,7 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
         where.append(_running_of(job.owner_id) < cap)
     now = utcnow()
     return transition(
-        session, job.id, ["queued"], "running", extra_where=where,
+        session, job.id, CLAIM, extra_where=where,
         event={"attempt": job.attempt + 1, "worker": worker_id},
         attempt=Job.attempt + 1, lease_owner=worker_id,
         lease_expires_at=now + timedelta(seconds=lease_s),
@@ -269,7 +270,7 @@ def wake_targets(session: Session, owner_id: str) -> list[tuple[str, str, int]]:
     held those jobs back while the messages that woke workers for them were used up)."""
     rows = session.execute(
         select(Job.queue, func.min(Job.id), func.max(Job.priority))
-        .where(Job.owner_id == owner_id, Job.status == "queued").group_by(Job.queue)).all()
+        .where(Job.owner_id == owner_id, Job.status == JobStatus.QUEUED).group_by(Job.queue)).all()
     return [(job_id, queue, int(priority or 0)) for queue, job_id, priority in rows]
 
 
@@ -278,7 +279,7 @@ def _typical_duration(session: Session, queue: str) -> float | None:
     ``queue``; None without any."""
     rows = session.execute(
         select(Job.started_at, Job.finished_at)
-        .where(Job.queue == queue, Job.status == "succeeded", Job.started_at.is_not(None),
+        .where(Job.queue == queue, Job.status == JobStatus.SUCCEEDED, Job.started_at.is_not(None),
                Job.finished_at.is_not(None))
         .order_by(Job.finished_at.desc()).limit(ETA_HISTORY)).all()
     spans = [(f - s).total_seconds() for s, f in rows if f >= s]

@@ -41,9 +41,12 @@ class Settings(BaseSettings):
         0.1, gt=0, description="poll interval of polling brokers (the embedded kombu "
         "SQLAlchemy transport; kombu's default is 1 s, which is the submit->running latency)"
     )
-    artifact_root: Path | None = Field(None, description="job folders; default <home>/jobs")
-    upload_root: Path | None = Field(None, description="dataset uploads; default <home>/datasets")
-    model_root: Path | None = Field(None, description="registered weights files; default <home>/models")
+    artifact_root: Path = Field(default_factory=lambda data: Path(data["home"]) / "jobs",
+                                description="job folders; default <home>/jobs")
+    upload_root: Path = Field(default_factory=lambda data: Path(data["home"]) / "datasets",
+                              description="dataset uploads; default <home>/datasets")
+    model_root: Path = Field(default_factory=lambda data: Path(data["home"]) / "models",
+                             description="registered weights files; default <home>/models")
     credentials_path: Path = Field(
         Path("~/.config/libreyolo/credentials"),
         description="where `up` saves the admin token for the SDK (JSON, mode 600)",
@@ -148,12 +151,6 @@ class Settings(BaseSettings):
             self.database_url = "postgresql+psycopg://" + self.database_url[len("postgres://"):]
         elif self.database_url.startswith("postgresql://"):
             self.database_url = "postgresql+psycopg://" + self.database_url[len("postgresql://"):]
-        if self.artifact_root is None:
-            self.artifact_root = home / "jobs"
-        if self.upload_root is None:
-            self.upload_root = home / "datasets"
-        if self.model_root is None:
-            self.model_root = home / "models"
         self.artifact_root = self.artifact_root.expanduser().resolve()
         self.upload_root = self.upload_root.expanduser().resolve()
         self.model_root = self.model_root.expanduser().resolve()

@@ -36,7 +36,8 @@ def users_list() -> None:
     """Every user: admin or not, cap on running jobs, jobs running and queued now."""
     from sqlalchemy import func, select
 
-    from service.db.models import ACTIVE, Job, User
+    from service.db.models import Job, User
+    from service.lifecycle import ACTIVE, JobStatus
 
     settings = Settings()
     engine, sessions = _sessions(settings)
@@ -44,7 +45,7 @@ def users_list() -> None:
         with sessions() as s:
             counts = {(o, st): n for o, st, n in s.execute(
                 select(Job.owner_id, Job.status, func.count())
-                .where(Job.status.in_(("queued", *ACTIVE))).group_by(Job.owner_id, Job.status))}
+                .where(Job.status.in_((JobStatus.QUEUED, *ACTIVE))).group_by(Job.owner_id, Job.status))}
             users = list(s.scalars(select(User).order_by(User.name)))
     finally:
         engine.dispose()
@@ -54,7 +55,7 @@ def users_list() -> None:
         running = sum(counts.get((u.id, st), 0) for st in ACTIVE)
         typer.echo(f"{u.name:<{w}}  {'yes' if u.is_admin else 'no':<5}  "
                    f"{_cap_text(u.max_running, settings):<13} {running:>7}  "
-                   f"{counts.get((u.id, 'queued'), 0):>6}")
+                   f"{counts.get((u.id, JobStatus.QUEUED), 0):>6}")
 
 
 @users_app.command("cap")
@@ -70,8 +71,8 @@ def users_cap(
     Raising a cap sends a wake-up to each queue holding the user's queued jobs, so a worker
     that is idle takes one at once.
     """
-    from service.ops import set_user_cap
     from service.scheduler import wake_targets
+    from service.users import set_user_cap
 
     settings = Settings()
     if default and max_running is not None:

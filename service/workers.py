@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import WorkerRow, utcnow
+from service.lifecycle import JobStatus
 
 __all__ = ["live_queues", "waiting_reason", "unserved_warning"]
 
@@ -31,7 +32,7 @@ def live_queues(session: Session, ttl_s: float) -> dict[str, int]:
 def waiting_reason(status: str, queue: str, live: dict[str, int]) -> str | None:
     """Why a job waits: ``"waiting for a gpu-1 worker (none online)"`` for a queued job
     whose queue no live worker serves; None otherwise (not queued, or served)."""
-    if status != "queued" or live.get(queue):
+    if status != JobStatus.QUEUED or live.get(queue):
         return None
     return f"waiting for a {queue} worker (none online)"
 

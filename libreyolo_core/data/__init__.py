@@ -10,7 +10,8 @@ Contracts (see ``docs/architecture.md``, "Engine contracts / Data"):
 - :func:`generate_sample_dataset` -> a synthetic dataset's ``data.yaml``.
 
 The submodules that need torch (``dataset``, ``loader``) are imported lazily, so
-``libreyolo_core.data.config`` and ``scan`` stay usable without importing torch.
+``libreyolo_core.data.config`` and the scan (``scan``, ``labels``, ``image_checks``,
+``scan_cache``, ``report``) stay usable without importing torch.
 """
 
 from __future__ import annotations
@@ -25,20 +26,18 @@ from libreyolo_core.data.config import (
     load_data_config,
 )
 from libreyolo_core.data.image import ImageDecodeError, load_image
-from libreyolo_core.data.scan import (
+from libreyolo_core.data.labels import label_path_for
+from libreyolo_core.data.report import (
     DatasetError,
     DatasetWarning,
     ImageRecord,
     ScanReport,
     format_report,
-    label_path_for,
-    scan_images,
-    scan_split,
 )
+from libreyolo_core.data.scan import scan_images, scan_split
 
 _LAZY = {
     "YOLODataset": "libreyolo_core.data.dataset",
-    "DEFAULT_HYP": "libreyolo_core.data.dataset",
     "Batch": "libreyolo_core.data.loader",
     "build_dataloader": "libreyolo_core.data.loader",
     "collate": "libreyolo_core.data.loader",

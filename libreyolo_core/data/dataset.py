@@ -12,7 +12,7 @@
 
 Without augmentation a sample is the image resized (longest side ``S``) and letterboxed
 (centred, pad 114). With augmentation (training): mosaic of 4 images + random affine
-(probability ``hyp["mosaic"]``) or letterbox, then mixup (``hyp["mixup"]``, keeps both
+(probability ``aug.mosaic``) or letterbox, then mixup (``aug.mixup``, keeps both
 label sets), HSV jitter, vertical and horizontal flips. Family-specific normalisation
 (RGB/255, BGR) happens on the device in the family's ``preprocess``, not here.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -38,69 +38,20 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import augment as A
 from libreyolo_core.data.image import load_image
-from libreyolo_core.data.scan import DatasetWarning, ImageRecord, ScanReport, writable_dir
+from libreyolo_core.data.report import DatasetWarning, ImageRecord, ScanReport
+from libreyolo_core.data.scan_cache import writable_dir
 
-__all__ = ["DEFAULT_HYP", "YOLODataset", "resolve_hyp"]
+__all__ = ["YOLODataset"]
 
 logger = logging.getLogger(__name__)
 
-#: Augmentation defaults = ``TrainConfig`` base defaults (LibreYOLO/YOLOX recipe).
-DEFAULT_HYP: dict[str, Any] = {
-    "mosaic": 1.0,
-    "mixup": 1.0,
-    "hsv_prob": 1.0,
-    "hsv_h": 5.0,
-    "hsv_s": 30.0,
-    "hsv_v": 30.0,
-    "degrees": 10.0,
-    "translate": 0.1,
-    "scale": (0.1, 2.0),
-    "shear": 2.0,
-    "perspective": 0.0,
-    "fliplr": 0.5,
-    "flipud": 0.0,
-}
-_PROBS = ("mosaic", "mixup", "hsv_prob", "fliplr", "flipud")
 #: Boxes narrower or lower than this (pixels) are dropped from augmented samples.
 MIN_BOX_SIDE = 1.0
 
 CacheMode = Literal[False, "ram", "disk"]
-
-
-def resolve_hyp(hyp: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Merge ``hyp`` over :data:`DEFAULT_HYP`, validating the keys this module uses.
-
-    Unknown keys (e.g. the rest of a ``TrainConfig`` dump, ``mixup_scale``) are ignored.
-    ``scale`` may be ``(lo, hi)`` or a number ``s`` meaning ``(1 - s, 1 + s)``.
-
-    Raises:
-        ValueError: a probability outside [0, 1], a negative gain, or a bad ``scale``.
-    """
-    out = dict(DEFAULT_HYP)
-    for k in DEFAULT_HYP:
-        if hyp is not None and k in hyp and hyp[k] is not None:
-            out[k] = hyp[k]
-    for k in _PROBS:
-        out[k] = float(out[k])
-        if not 0.0 <= out[k] <= 1.0:
-            raise ValueError(f"hyp[{k!r}]={out[k]} must be a probability in [0, 1]")
-    for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "shear", "perspective"):
-        out[k] = float(out[k])
-        if out[k] < 0:
-            raise ValueError(f"hyp[{k!r}]={out[k]} must be >= 0")
-    sc = out["scale"]
-    if isinstance(sc, int | float):
-        sc = (1.0 - float(sc), 1.0 + float(sc))
-    try:
-        lo, hi = (float(v) for v in sc)
-    except (TypeError, ValueError):
-        raise ValueError(f"hyp['scale']={sc!r} must be (lo, hi) or a number") from None
-    if not 0 < lo <= hi:
-        raise ValueError(f"hyp['scale']=({lo}, {hi}) must satisfy 0 < lo <= hi")
-    out["scale"] = (lo, hi)
-    return out
 
 
 class YOLODataset(Dataset):
@@ -111,11 +62,9 @@ class YOLODataset(Dataset):
             :class:`ImageRecord`.
         imgsz: output side ``S`` in pixels.
         augment: training augmentation on/off (off = letterbox only, for validation).
-        hyp: augmentation hyperparameters, names as in ``TrainConfig``: ``mosaic``,
-            ``mixup``, ``hsv_prob``, ``fliplr``, ``flipud`` (probabilities), ``hsv_h``,
-            ``hsv_s``, ``hsv_v`` (OpenCV units), ``degrees``, ``translate``, ``scale``
-            ``(lo, hi)``, ``shear`` (degrees), ``perspective``. Missing keys take
-            :data:`DEFAULT_HYP`; ``mixup_scale`` and unknown keys are ignored.
+        aug: the augmentation recipe (:class:`~libreyolo_core.config.AugmentConfig`, already
+            validated; a training run passes ``cfg.augment``); ``None`` takes its defaults.
+            Unused when ``augment`` is False.
         cache: ``False``; ``"ram"`` (images decoded and resized once at construction, kept in
             this process — forked loader workers share them copy-on-write); ``"disk"``
             (``<image>.<S>.npy`` next to each image, written on first use, reused while newer
@@ -123,7 +72,7 @@ class YOLODataset(Dataset):
         seed, rank: part of every sample's random seed (see module docstring).
 
     Raises:
-        ValueError: empty records, ``imgsz < 32``, bad ``cache`` or ``hyp`` values.
+        ValueError: empty records, ``imgsz < 32`` or a bad ``cache`` value.
     """
 
     def __init__(
@@ -131,7 +80,7 @@ class YOLODataset(Dataset):
         records_or_report: ScanReport | Sequence[ImageRecord],
         imgsz: int,
         augment: bool,
-        hyp: Mapping[str, Any] | None = None,
+        aug: AugmentConfig | None = None,
         cache: CacheMode | bool | str | None = False,
         seed: int = 0,
         rank: int = 0,
@@ -150,7 +99,7 @@ class YOLODataset(Dataset):
             raise ValueError(f"seed={seed} and rank={rank} must be >= 0")
         self.imgsz = int(imgsz)
         self.augment = bool(augment)
-        self.hyp = resolve_hyp(hyp)
+        self.aug = aug if aug is not None else AugmentConfig()
         self.seed, self.rank = int(seed), int(rank)
         # [epoch, mosaic_closed]; shared memory so persistent workers see updates.
         self._state = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -294,33 +243,33 @@ class YOLODataset(Dataset):
         canvas, lab = A.mosaic4(
             [self.load_image(j) for j in idx], [self.load_labels(j) for j in idx], self.imgsz, rng
         )
-        h = self.hyp
+        h = self.aug
         return A.random_affine(
             canvas,
             lab,
             rng,
             self.imgsz,
-            degrees=h["degrees"],
-            translate=h["translate"],
-            scale=h["scale"],
-            shear=h["shear"],
-            perspective=h["perspective"],
+            degrees=h.degrees,
+            translate=h.translate,
+            scale=h.scale,
+            shear=h.shear,
+            perspective=h.perspective,
         )
 
     def _augmented(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bool]:
-        h = self.hyp
+        h = self.aug
         mosaic_on = self.mosaic_enabled
-        use_mosaic = mosaic_on and h["mosaic"] > 0 and rng.random() < h["mosaic"]
+        use_mosaic = mosaic_on and h.mosaic > 0 and rng.random() < h.mosaic
         img, lab = self._mosaic(i, rng) if use_mosaic else self._letterboxed(i)
-        if mosaic_on and h["mixup"] > 0 and rng.random() < h["mixup"]:
+        if mosaic_on and h.mixup > 0 and rng.random() < h.mixup:
             j = int(rng.integers(0, len(self)))
             img2, lab2 = self._mosaic(j, rng) if use_mosaic else self._letterboxed(j)
             img, lab = A.mixup(img, lab, img2, lab2, rng)
-        if h["hsv_prob"] > 0 and rng.random() < h["hsv_prob"]:
-            img = A.augment_hsv(img, rng, h["hsv_h"], h["hsv_s"], h["hsv_v"])
-        if h["flipud"] > 0 and rng.random() < h["flipud"]:
+        if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
+            img = A.augment_hsv(img, rng, h.hsv_h, h.hsv_s, h.hsv_v)
+        if h.flipud > 0 and rng.random() < h.flipud:
             img, lab = A.flipud(img, lab)
-        if h["fliplr"] > 0 and rng.random() < h["fliplr"]:
+        if h.fliplr > 0 and rng.random() < h.fliplr:
             img, lab = A.fliplr(img, lab)
         keep = (lab[:, 3] - lab[:, 1] > MIN_BOX_SIDE) & (lab[:, 4] - lab[:, 2] > MIN_BOX_SIDE)
         return img, lab[keep], use_mosaic

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -116,14 +117,15 @@ def _output_sum(out) -> torch.Tensor:
         return out.float().sum()
     if isinstance(out, dict):
         out = list(out.values())
-    return sum(_output_sum(o) for o in out if isinstance(o, torch.Tensor | list | tuple | dict))
+    parts = [_output_sum(o) for o in out if isinstance(o, torch.Tensor | list | tuple | dict)]
+    return torch.stack(parts).sum() if parts else torch.zeros(())
 
 
 def probe_batch(
     model: nn.Module,
     imgsz: int,
     device: torch.device,
-    autocast: Callable[[], object] | None = None,
+    autocast: Callable[[], AbstractContextManager] | None = None,
     fraction: float = 0.60,
     max_probe: int = 64,
     default: int = DEFAULT_BATCH,
@@ -155,6 +157,8 @@ def probe_batch(
     memory: list[float] = []
     batch = 1
     stopped = f"probed up to max_probe={max_probe}"
+    images: torch.Tensor | None = None
+    out: object = None
     try:
         while batch <= max_probe:
             torch.cuda.empty_cache()
@@ -202,7 +206,7 @@ def autobatch(
     device: torch.device,
     world_size: int,
     nbs: int | None,
-    autocast: Callable[[], object] | None = None,
+    autocast: Callable[[], AbstractContextManager] | None = None,
 ) -> int:
     """``batch=-1`` resolved: :func:`probe_batch` on ``device`` (up to ``nbs`` or 64 images),
     then :func:`global_batch` for ``world_size`` devices; logs the choice. Run it once per

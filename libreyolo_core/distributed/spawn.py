@@ -1,5 +1,5 @@
 """The spawn launcher: one DDP worker process per device from a plain Python call
-(reference D.2, spec-training §4).
+(docs/architecture.md, "Multi-device").
 
 ``LibreYOLO.train(device="0,1")`` without a torchrun environment ends up in
 :func:`spawn_train`: the caller's weights go to a temporary file, every worker
@@ -110,7 +110,7 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
     """One spawned rank: torchrun variables, the model from ``weights``, the trainer."""
     from libreyolo_core.distributed.context import destroy_distributed
     from libreyolo_core.engine.trainer import Trainer, TrainingInterrupted
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
     from libreyolo_core.weights.load import build_from_state
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
@@ -120,9 +120,9 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
     config = TrainConfig(**cfg)
     model = None
     if weights is not None:
-        spec, size = parse_model_name(config.model)
+        family, size = parse_model_name(config.model)
         state = torch.load(weights, map_location="cpu", weights_only=True)
-        model = build_from_state(load_family(spec), size, int(state["nc"]), state["model"])
+        model = build_from_state(family, size, int(state["nc"]), state["model"])
     try:
         result = Trainer(config, model=model, callbacks=callbacks).train()
     except TrainingInterrupted as exc:  # every rank stops at the same step; rank 0 saved last.pt

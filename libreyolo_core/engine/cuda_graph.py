@@ -28,7 +28,7 @@ Failures
     mode; the batch that failed runs eager (a failed backward replay loses that
     micro-batch's gradient). :func:`build_cuda_graph_manager` writes one line and returns
     ``None`` (eager training, unchanged) on CPU/MPS, under distributed training, for
-    distillation runs and for families whose ``FamilySpec.cuda_graph`` is False.
+    distillation runs and for families whose ``Family.cuda_graph`` is False.
 
 Costs and numerics
     Memory: roughly one extra set of activations of the captured shape (static outputs,
@@ -353,7 +353,8 @@ def build_cuda_graph_manager(
         model: the network being trained, already on ``device``.
         requested: the ``cuda_graph`` key of the config.
         device: the training device.
-        family: the registry's ``FamilySpec`` (``cuda_graph``, ``title``), or ``None``.
+        family: the model's :class:`~libreyolo_core.models.family.Family` (``cuda_graph``,
+            ``title``), or ``None``.
         kwargs: passed to :class:`CudaGraphManager` (``capture_after``, ``capture_fn``).
     """
     if not requested:
@@ -369,8 +370,8 @@ def build_cuda_graph_manager(
         why = "distributed training is not supported yet"
     elif distillation:
         why = "distillation runs are not supported"
-    elif family is not None and not getattr(family, "cuda_graph", True):
-        why = f"{getattr(family, 'title', family)} does not support training capture"
+    elif family is not None and not family.cuda_graph:
+        why = f"{family.title} does not support training capture"
     if why:
         log.info("cuda_graph=True ignored (%s): training in eager mode", why)
         return None

@@ -5,9 +5,9 @@ one rank of a DDP job (torchrun or the spawn launcher; see docs/architecture.md,
 "Multi-device"). It owns the run directory,
 ``events.jsonl``, ``results.csv`` and the checkpoints, and it is the place where the
 schedule, accumulation (``nbs``), AMP, EMA, validation, early stopping, resume and
-SIGTERM handling meet. Families plug in through the registry protocol
-(``build_model``, ``build_loss``, ``preprocess``, ``postprocess``, optional
-``on_mosaic_disable``).
+SIGTERM handling meet. Families plug in through the ``Family`` contract
+(``libreyolo_core/models/family.py``: ``build_model``, ``build_loss``, ``preprocess``,
+``postprocess``, hooks such as ``on_mosaic_disable`` with no-op defaults).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_opti
 from libreyolo_core.engine.resume import check_resume_classes
 from libreyolo_core.engine.rundir import latest_last_checkpoint, make_run_dir
 from libreyolo_core.eval.validate import validate
-from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.models.registry import parse_model_name
 from libreyolo_core.weights.transfer import compact_names
 
 __all__ = ["Trainer", "TrainingInterrupted", "NonFiniteLossError", "fitness"]
@@ -242,8 +242,7 @@ class Trainer:
         self.dist, self.device = init_distributed(cfg.device)
         self._owns_process_group = owned and self.dist.enabled
         ddp, main = self.dist.enabled, self.dist.is_main
-        self.spec, self.size = parse_model_name(cfg.model)
-        self.family = load_family(self.spec)
+        self.family, self.size = parse_model_name(cfg.model)
         torch.manual_seed(cfg.seed)
 
         # data (every rank scans: the reports are cheap and identical)
@@ -280,8 +279,7 @@ class Trainer:
             torch.manual_seed(cfg.seed + self.dist.rank)
             self.model = self._sync_batchnorm(self.model)
 
-        hyp = cfg.model_dump()
-        self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, hyp=hyp,
+        self.train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment,
                                      cache=cfg.cache, seed=cfg.seed, rank=self.dist.rank)
         visible = math.ceil(len(self.train_set) / self.dist.world_size)
         self.train_loader = build_dataloader(
@@ -294,7 +292,7 @@ class Trainer:
                      visible, self.rank_batch)
         self.val_loader = None
         if val_report is not None:
-            val_set = YOLODataset(val_report, cfg.imgsz, augment=False, hyp=hyp, cache=cfg.cache,
+            val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache,
                                   seed=cfg.seed, rank=0)
             self.val_loader = build_dataloader(val_set, self.rank_batch, min(cfg.workers, 2),
                                                shuffle=False, seed=cfg.seed)
@@ -311,7 +309,7 @@ class Trainer:
         else:
             # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
             self.cuda_graph = build_cuda_graph_manager(self.model, cfg.cuda_graph, self.device,
-                                                       family=self.spec)
+                                                       family=self.family)
 
         # optimizer, accumulation, schedule
         self.accumulate = accumulate_steps(self.batch, cfg.nbs)
@@ -342,7 +340,7 @@ class Trainer:
                 cfg, device=self.device, batch=self.batch, accumulate=self.accumulate,
                 steps_available=len(self.train_loader) if epochs_left > 0 else 0,
                 images=len(self.train_set), nbs=cfg.nbs,
-                meta={"model": f"{self.spec.title}-{self.size}", "device": str(self.device),
+                meta={"model": f"{self.family.title}-{self.size}", "device": str(self.device),
                       "batch": self.batch, "imgsz": cfg.imgsz, "amp": self.amp.enabled,
                       "amp_dtype": self.amp.name, "workers": cfg.workers, "cuda_graph": cfg.cuda_graph,
                       "world_size": 1, "torch": torch.__version__},
@@ -408,7 +406,7 @@ class Trainer:
             model.load_state_dict(ckpt.get("train_model", ckpt["model"]))
         except RuntimeError as exc:
             detail = str(exc).splitlines()[0][:300]
-            raise CheckpointError(f"{self._resume_path}: its weights do not fit {self.spec.title}-{self.size} "
+            raise CheckpointError(f"{self._resume_path}: its weights do not fit {self.family.title}-{self.size} "
                                   f"({detail})") from None
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.ema is not None and "model" in ckpt:
@@ -445,7 +443,7 @@ class Trainer:
         weights = (self.ema.module if self.ema is not None else model).state_dict()
         return {
             "libreyolo_version": libreyolo_core.__version__,
-            "model_family": self.spec.name,
+            "model_family": self.family.name,
             "size": self.size,
             "task": "detect",
             "nc": self.nc,
@@ -620,15 +618,14 @@ class Trainer:
 
     def _close_mosaic(self, epoch: int) -> None:
         self.train_set.close_mosaic()
-        hook = getattr(self.family, "on_mosaic_disable", None)
-        changed = hook(self.model, self.loss_fn) if hook is not None else False
+        changed = self.family.on_mosaic_disable(self.model, self.loss_fn)
         left = self.cfg.epochs - epoch
         log.info("epoch %d: mosaic and mixup off for the last %s", epoch + 1,
                  "epoch" if left == 1 else f"{left} epochs")
         if changed:
             self.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
             if getattr(self, "cuda_graph", None) is not None:
-                self.cuda_graph.invalidate(f"{self.spec.title} changed the network at mosaic close")
+                self.cuda_graph.invalidate(f"{self.family.title} changed the network at mosaic close")
 
     def _train_epoch(self, epoch: int) -> tuple[dict[str, float], float]:
         cfg, device, amp = self.cfg, self.device, self.amp
@@ -652,7 +649,7 @@ class Trainer:
                     if window_progress else self._progress(epoch, nb))
         self.optimizer.zero_grad(set_to_none=True)
         world_size = self.dist.world_size
-        by_batch = self.spec.scale_loss_by_batch
+        by_batch = self.family.scale_loss_by_batch
         graphs = self.cuda_graph  # None unless CUDA-graph capture applies (see _setup)
         batches = prof.wrap_loader(loader) if prof is not None else loader
         last_report = t_start
@@ -944,7 +941,7 @@ class Trainer:
         if not self.dist.is_main:
             return
         ddp = f" x {self.dist.world_size} ranks ({self.dist.backend})" if self.dist.enabled else ""
-        print(f"{self.spec.title}-{self.size} nc={self.nc} on {self.device}{ddp} ({self.amp.name}), "
+        print(f"{self.family.title}-{self.size} nc={self.nc} on {self.device}{ddp} ({self.amp.name}), "
               f"imgsz={self.cfg.imgsz} batch={self.batch} accumulate={self.accumulate}, "
               f"{len(self.train_set)} train images -> {self.run_dir}", flush=True)
 

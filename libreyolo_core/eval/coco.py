@@ -90,7 +90,9 @@ def coco_metrics(
 
     if len(detections) != len(targets):
         raise ValueError(f"{len(detections)} detection entries for {len(targets)} images")
-    images, gt_anns, dt_anns = [], [], []
+    images: list[dict] = []
+    gt_anns: list[dict] = []
+    dt_anns: list[dict] = []
     for img_id, (det, tgt) in enumerate(zip(detections, targets, strict=True), start=1):
         gt_boxes, gt_cls = _np(tgt.boxes, (0, 4)), _np(tgt.classes, (0,)).astype(np.int64)
         dt_boxes, dt_cls = _np(det.boxes, (0, 4)), _np(det.classes, (0,)).astype(np.int64)

@@ -32,7 +32,8 @@ def validate(
 
     Args:
         net: the network (put in eval mode here; the caller restores train mode).
-        family: the family module (``preprocess``, ``postprocess``).
+        family: the model's :class:`~libreyolo_core.models.family.Family` (``preprocess``,
+            ``postprocess``).
         loader: yields ``Batch`` (uint8 images, targets (N, 6) canvas pixels, metas with
             ``ratio``, ``pad`` and ``orig_shape``).
         nc: number of classes.

@@ -1,8 +1,9 @@
 """Detection post-processing: score selection, NMS and the letterbox inverse.
 
-NMS is ``torchvision.ops.batched_nms`` (class-wise). The YOLOv9 selection is
-multi-label (every anchor x class pair above the threshold, as in the YOLOv9 reference
-implementation; reference spec F.3).
+Shared by every family: a family's ``postprocess`` turns its raw outputs into per-class
+scores and calls :func:`select_detections` (score selection, candidate cap, class-wise
+NMS with ``torchvision.ops.batched_nms``). Multi-label selection (every anchor x class
+pair above the threshold) is YOLOv9's; best-class selection is YOLOX's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torchvision.ops import batched_nms
 
 __all__ = [
     "MAX_NMS_CANDIDATES",
-    "postprocess_yolo9",
+    "select_detections",
     "nms_detections",
     "scale_boxes",
     "scale_detections",
@@ -51,22 +52,22 @@ def nms_detections(
     return torch.cat((boxes[keep], scores[keep, None], classes[keep, None].float()), 1)
 
 
-def postprocess_yolo9(
+def select_detections(
     decoded: Tensor,
     conf: float = 0.25,
     iou: float = 0.45,
     max_det: int = 300,
     multi_label: bool = True,
 ) -> list[Tensor]:
-    """Turn decoded YOLOv9 predictions into per-image detections.
+    """Turn per-class scored boxes into per-image detections (any family).
 
     Args:
         decoded: ``(B, 4 + nc, A)``: ``xyxy`` (input pixels) then per-class scores in [0, 1].
         conf: keep (anchor, class) pairs with score strictly above this.
         iou: class-wise NMS IoU threshold.
         max_det: maximum detections per image (>= 1).
-        multi_label: every class above ``conf`` per anchor (YOLOv9 default) when True,
-            otherwise only each anchor's best class.
+        multi_label: every class above ``conf`` per anchor (YOLOv9) when True,
+            otherwise only each anchor's best class (YOLOX).
 
     Returns:
         ``B`` tensors ``(n, 6)`` float32 ``[x1, y1, x2, y2, score, cls]`` in input pixels,

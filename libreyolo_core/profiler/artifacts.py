@@ -1,6 +1,6 @@
 """From measured steps (+ an optional trace) to ``profile.json`` and the other artifacts.
 
-Files written into the run directory (reference A.4):
+Files written into the run directory:
 
 - ``profile_trace.json.gz`` — the raw ``torch.profiler`` Chrome trace, gzip-compressed (written
   there by the window; Perfetto opens it as is).
@@ -8,7 +8,8 @@ Files written into the run directory (reference A.4):
   ``composition_ms`` (synced per-phase means), ``bound``, ``bound_why``, ``confidence``
   (how sure the verdict is), ``load`` (the machine's load during the window), ``trace``,
   ``analysis`` (the headline trace figures).
-- ``profile.json`` — schema :data:`SCHEMA`: self-contained, everything the
+- ``profile.json`` — :class:`~libreyolo_core.profiler.record.ProfileRecord` (schema
+  :data:`~libreyolo_core.profiler.record.SCHEMA`): self-contained, everything the
   ``libreyolo profile`` readers need (no path in it is ever opened again).
 - ``timeline.html`` — the self-contained viewer (:mod:`libreyolo_core.profiler.timeline`).
 """
@@ -33,20 +34,21 @@ from libreyolo_core.profiler.analysis import (
 )
 from libreyolo_core.profiler.confidence import assess
 from libreyolo_core.profiler.load import WindowLoad
+from libreyolo_core.profiler.record import SCHEMA, ProfileRecord
 
 __all__ = [
-    "SCHEMA",
     "real_figures",
     "composition",
     "build_profile",
+    "flat_metrics",
+    "with_metrics",
+    "summary_of",
     "write_artifacts",
     "write_json",
     "profile_from_trace",
 ]
 
 log = logging.getLogger(__name__)
-
-SCHEMA = "libreyolo.profile/v1"
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -105,8 +107,8 @@ def build_profile(
     steps: Sequence[Mapping[str, Any]] = (),
     spread: tuple[Sequence[float], Sequence[float]] | None = None,
     load: WindowLoad | None = None,
-) -> dict[str, Any]:
-    """Assemble the ``profile.json`` dict (schema :data:`SCHEMA`, fields of reference A.5).
+) -> ProfileRecord:
+    """Assemble the ``profile.json`` record (schema :data:`~.record.SCHEMA`).
 
     Args:
         meta: environment (model, device, batch, imgsz, amp, workers, cuda_graph, ...).
@@ -118,11 +120,16 @@ def build_profile(
             (:func:`~libreyolo_core.profiler.confidence.assess`); ``None`` (a profile rebuilt
             from a bare trace) leaves ``confidence`` null.
         load: the machine's load during the window (``load`` in the profile), or ``None``.
+
+    Returns:
+        The record; GPU-only figures are ``None`` (counts 0, tables empty) unless the trace
+        holds GPU kernels of a non-CPU run.
     """
     a = dict(analysis or {})
     cpu = device_type == "cpu"
     gpu = bool(a.get("has_gpu")) and not cpu
-    busy = a.get("gpu_busy_ms_per_step") if gpu else None
+    g = a if gpu else {}  # the trace figures that exist only with GPU kernels
+    busy = g.get("gpu_busy_ms_per_step")
     step_ms = real["step_ms"]
     util_raw = (busy / step_ms) if (busy is not None and step_ms > 0) else None
     util = min(util_raw, 1.0) if util_raw is not None else None
@@ -136,36 +143,11 @@ def build_profile(
     }
     bound, why = V.decide(fig)
     host = max(step_ms - busy - real["dataload_ms"], 0.0) if busy is not None else None
-    kernels = a.get("kernels", []) if gpu else []
-    comp_total = round(sum(v for k, v in composition_ms.items()), 3)
-    trace_phases = {r["phase"]: r for r in a.get("phases", [])}
-    phases = []
-    for p in order_phases(set(trace_phases) | set(composition_ms) | {"dataload"}):
-        t = trace_phases.get(p, {})
-        wall = real["dataload_ms"] if p == "dataload" else composition_ms.get(p)
-        phases.append(
-            {
-                "phase": p,
-                "gpu_ms_per_step": t.get("gpu_ms_per_step") if gpu else None,
-                "cpu_ms_per_step": t.get("cpu_ms_per_step"),
-                "wall_ms_per_step": wall,
-                "kernels_per_step": t.get("kernels_per_step", 0.0) if gpu else 0.0,
-                "ops_per_step": t.get("ops_per_step", 0.0),
-                "unique_kernels": t.get("unique_kernels", 0) if gpu else 0,
-            }
-        )
-    notes = []
-    if cpu:
-        notes.append(
-            "CPU run: device utilisation is not applicable; CPU ops are mined instead "
-            "of GPU kernels"
-        )
-    elif not meta.get("amp", True):
-        notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
-    if analysis is None:
-        notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    kernels = g.get("kernels", [])
+    phases = _phase_rows(a.get("phases", []), composition_ms, real["dataload_ms"], gpu)
+    notes = _notes(device_type, meta, analysis, trace_error)
     confidence = assess(*spread, load, bound) if spread is not None else None
-    profile: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "schema": SCHEMA,
         "trace": trace,
         "trace_error": trace_error,
@@ -189,15 +171,15 @@ def build_profile(
         if cpu
         else ("unknown (no trace)" if util is None else f"{100 * util:.0f}%"),
         "memory_pressure": bound == V.MEMORY,
-        "cuda_mallocs_per_step": a.get("cuda_mallocs_per_step") if gpu else None,
+        "cuda_mallocs_per_step": g.get("cuda_mallocs_per_step"),
         "host_overhead_ms_per_step": _r(host),
-        "launches_per_step": a.get("kernels_per_step") if gpu else None,
+        "launches_per_step": g.get("kernels_per_step"),
         "gpu_busy_ms_per_step": busy,
-        "mean_kernel_us": a.get("mean_kernel_us") if gpu else None,
-        "kernels_per_step": a.get("kernels_per_step") if gpu else None,
-        "unique_kernels": a.get("unique_kernels") if gpu else None,
-        "memcpy_ms_per_step": a.get("memcpy_ms_per_step") if gpu else None,
-        "tensorcore_pct": a.get("tensorcore_pct") if gpu else None,
+        "mean_kernel_us": g.get("mean_kernel_us"),
+        "kernels_per_step": g.get("kernels_per_step"),
+        "unique_kernels": g.get("unique_kernels"),
+        "memcpy_ms_per_step": g.get("memcpy_ms_per_step"),
+        "tensorcore_pct": g.get("tensorcore_pct"),
         "peak_vram_mb": _r(peak_vram_mb, 1),
         "cpu_ops_ms_per_step": a.get("cpu_ops_ms_per_step"),
         "ops_per_step": a.get("ops_per_step"),
@@ -207,11 +189,11 @@ def build_profile(
             "wall_ms": (a.get("window") or {}).get("wall_ms"),
         },
         "composition_ms": dict(composition_ms),
-        "composition_total_ms": comp_total,
+        "composition_total_ms": round(sum(composition_ms.values()), 3),
         "categories": a.get("categories", []),
         "phases": phases,
         "phases_gpu": {r["phase"]: r["gpu_ms_per_step"] for r in phases if gpu},
-        "kernels_by_phase": a.get("kernels_by_phase", {}) if gpu else {},
+        "kernels_by_phase": g.get("kernels_by_phase", {}),
         "ops_by_phase": a.get("ops_by_phase", {}),
         "top_kernels": kernels[:TOP_KERNELS],
         "kernels": kernels,
@@ -219,54 +201,94 @@ def build_profile(
         "notes": notes,
         "steps": list(steps),
     }
-    profile["metrics"] = flat_metrics(profile)
-    return _clean(profile)
+    return with_metrics(ProfileRecord.of(_clean(fields)))
+
+
+def _phase_rows(trace_rows: Sequence[Mapping[str, Any]], composition_ms: Mapping[str, float],
+                dataload_ms: float, gpu: bool) -> list[dict[str, Any]]:
+    """One :class:`~.record.PhaseRow` dict per phase of the trace or the synced steps, in
+    step order; GPU columns are empty without GPU kernels."""
+    by_phase = {r["phase"]: r for r in trace_rows}
+    rows = []
+    for p in order_phases(set(by_phase) | set(composition_ms) | {"dataload"}):
+        t = by_phase.get(p, {})
+        tg = t if gpu else {}
+        rows.append({
+            "phase": p,
+            "gpu_ms_per_step": tg.get("gpu_ms_per_step"),
+            "cpu_ms_per_step": t.get("cpu_ms_per_step"),
+            "wall_ms_per_step": dataload_ms if p == "dataload" else composition_ms.get(p),
+            "kernels_per_step": tg.get("kernels_per_step", 0.0),
+            "ops_per_step": t.get("ops_per_step", 0.0),
+            "unique_kernels": tg.get("unique_kernels", 0),
+        })
+    return rows
+
+
+def _notes(device_type: str, meta: Mapping[str, Any], analysis: Mapping[str, Any] | None,
+           trace_error: str | None) -> list[str]:
+    """The caveats a reader should see next to the figures."""
+    notes = []
+    if device_type == "cpu":
+        notes.append(
+            "CPU run: device utilisation is not applicable; CPU ops are mined instead "
+            "of GPU kernels"
+        )
+    elif not meta.get("amp", True):
+        notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
+    if analysis is None:
+        notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    return notes
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def flat_metrics(p: Mapping[str, Any]) -> dict[str, Any]:
-    """The flat ``metrics`` map that ``libreyolo profile get`` lists (reference A.5)."""
+def with_metrics(p: ProfileRecord) -> ProfileRecord:
+    """``p`` with its ``metrics`` recomputed (:func:`flat_metrics`)."""
+    return p.model_copy(update={"metrics": flat_metrics(p)})
+
+
+def flat_metrics(p: ProfileRecord) -> dict[str, Any]:
+    """The flat ``metrics`` map that ``libreyolo profile get`` lists: the headline figures
+    (short names), the confidence and load figures, and four per phase."""
     m: dict[str, Any] = {
-        "img_per_s": p.get("img_per_s"),
-        "step_ms": p.get("step_ms"),
-        "dataload_ms": p.get("dataload_ms"),
-        "dataload_frac": p.get("dataload_frac"),
-        "compute_ms": p.get("compute_ms"),
-        "gpu_util": p.get("gpu_util"),
-        "gpu_busy_ms": p.get("gpu_busy_ms_per_step"),
-        "mean_kernel_us": p.get("mean_kernel_us"),
-        "kernels_per_step": p.get("kernels_per_step"),
-        "unique_kernels": p.get("unique_kernels"),
-        "ops_per_step": p.get("ops_per_step"),
-        "cpu_ops_ms": p.get("cpu_ops_ms_per_step"),
-        "memcpy_ms": p.get("memcpy_ms_per_step"),
-        "tensorcore_pct": p.get("tensorcore_pct"),
-        "peak_vram_mb": p.get("peak_vram_mb"),
-        "host_overhead_ms": p.get("host_overhead_ms_per_step"),
-        "launches_per_step": p.get("launches_per_step"),
-        "cuda_mallocs_per_step": p.get("cuda_mallocs_per_step"),
-        "memory_pressure": p.get("memory_pressure"),
-        "bound": p.get("bound"),
+        "img_per_s": p.img_per_s,
+        "step_ms": p.step_ms,
+        "dataload_ms": p.dataload_ms,
+        "dataload_frac": p.dataload_frac,
+        "compute_ms": p.compute_ms,
+        "gpu_util": p.gpu_util,
+        "gpu_busy_ms": p.gpu_busy_ms_per_step,
+        "mean_kernel_us": p.mean_kernel_us,
+        "kernels_per_step": p.kernels_per_step,
+        "unique_kernels": p.unique_kernels,
+        "ops_per_step": p.ops_per_step,
+        "cpu_ops_ms": p.cpu_ops_ms_per_step,
+        "memcpy_ms": p.memcpy_ms_per_step,
+        "tensorcore_pct": p.tensorcore_pct,
+        "peak_vram_mb": p.peak_vram_mb,
+        "host_overhead_ms": p.host_overhead_ms_per_step,
+        "launches_per_step": p.launches_per_step,
+        "cuda_mallocs_per_step": p.cuda_mallocs_per_step,
+        "memory_pressure": p.memory_pressure,
+        "bound": p.bound,
     }
-    conf = p.get("confidence") or {}
-    load = p.get("load") or {}
-    m["reliable"] = conf.get("reliable")
-    m["step_ms_cv"] = conf.get("step_ms_cv")
-    m["dataload_ms_cv"] = conf.get("dataload_ms_cv")
-    m["other_cpu_frac"] = load.get("other_cpu_frac")
-    m["loadavg_1m"] = load.get("loadavg_1m")
-    for row in p.get("phases", []):
-        ph = row["phase"]
-        m[f"{ph}_gpu_ms"] = row.get("gpu_ms_per_step")
-        m[f"{ph}_wall_ms"] = row.get("wall_ms_per_step")
-        m[f"{ph}_kernels"] = row.get("kernels_per_step")
-        m[f"{ph}_ops"] = row.get("ops_per_step")
-    for key in ("img_per_s_std", "img_per_s_n"):
-        if key in p:
-            m[key] = p[key]
+    conf, load = p.confidence, p.load
+    m["reliable"] = conf.reliable if conf else None
+    m["step_ms_cv"] = conf.step_ms_cv if conf else None
+    m["dataload_ms_cv"] = conf.dataload_ms_cv if conf else None
+    m["other_cpu_frac"] = load.other_cpu_frac if load else None
+    m["loadavg_1m"] = load.loadavg_1m if load else None
+    for row in p.phases:
+        m[f"{row.phase}_gpu_ms"] = row.gpu_ms_per_step
+        m[f"{row.phase}_wall_ms"] = row.wall_ms_per_step
+        m[f"{row.phase}_kernels"] = row.kernels_per_step
+        m[f"{row.phase}_ops"] = row.ops_per_step
+    for key in ("img_per_s_std", "img_per_s_n"):  # a repeat aggregate's
+        if key in p.model_fields_set:
+            m[key] = getattr(p, key)
     return m
 
 
@@ -277,25 +299,23 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def summary_of(profile: Mapping[str, Any]) -> dict[str, Any]:
+def summary_of(p: ProfileRecord) -> dict[str, Any]:
     """The ``profile_summary.json`` dict: headline figures and the verdict."""
+    d = p.to_dict()
     return {
-        "meta": profile.get("config", {}),
-        "window": profile.get("window", {}),
-        "real": {
-            k: profile.get(k)
-            for k in ("step_ms", "dataload_ms", "compute_ms", "img_per_s", "dataload_frac")
-        },
-        "composition_ms": profile.get("composition_ms", {}),
-        "composition_total_ms": profile.get("composition_total_ms"),
-        "bound": profile.get("bound"),
-        "bound_why": profile.get("bound_why"),
-        "confidence": profile.get("confidence"),
-        "load": profile.get("load"),
-        "trace": profile.get("trace"),
-        "device_type": profile.get("device_type"),
+        "meta": p.config,
+        "window": d.get("window", {}),
+        "real": {k: d.get(k) for k in ("step_ms", "dataload_ms", "compute_ms", "img_per_s", "dataload_frac")},
+        "composition_ms": p.composition_ms,
+        "composition_total_ms": p.composition_total_ms,
+        "bound": p.bound,
+        "bound_why": p.bound_why,
+        "confidence": d.get("confidence"),
+        "load": d.get("load"),
+        "trace": p.trace,
+        "device_type": p.device_type,
         "analysis": {
-            k: profile.get(k)
+            k: d.get(k)
             for k in (
                 "gpu_util",
                 "gpu_util_raw",
@@ -320,7 +340,8 @@ def write_artifacts(
     """Analyse a finished :class:`TrainingProfiler` and write the artifacts into ``run_dir``.
 
     Returns:
-        ``(profile, artifacts)``: the ``profile.json`` dict and ``{relative path: kind}``.
+        ``(profile, artifacts)``: the ``profile.json`` dict (:meth:`ProfileRecord.to_dict`)
+        and ``{relative path: kind}``.
     """
     from libreyolo_core.profiler.timeline import write_timeline
 
@@ -366,9 +387,10 @@ def write_artifacts(
         load=getattr(prof, "load", None),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "profile.json", profile)
+    data = profile.to_dict()
+    write_json(run_dir / "profile.json", data)
     write_json(run_dir / "profile_summary.json", summary_of(profile))
-    write_timeline(run_dir / "timeline.html", profile, trace)
+    write_timeline(run_dir / "timeline.html", data, trace)
     artifacts = {
         "timeline.html": "timeline",
         "profile.json": "profile",
@@ -376,10 +398,10 @@ def write_artifacts(
     }
     if trace_path is not None:
         artifacts[TRACE_NAME] = "trace"
-    return profile, artifacts
+    return data, artifacts
 
 
-def profile_from_trace(path: str | Path) -> dict[str, Any]:
+def profile_from_trace(path: str | Path) -> ProfileRecord:
     """Build a profile from a raw trace, ``profile_trace.json.gz`` or a plain ``.json``
     (readers accept one).
 
@@ -425,8 +447,8 @@ def profile_from_trace(path: str | Path) -> dict[str, Any]:
         trace=path.name,
     )
     if summary_path.is_file():  # the window's own confidence and load, recorded at the time
-        profile["confidence"], profile["load"] = s.get("confidence"), s.get("load")
-        profile["metrics"] = flat_metrics(profile)
+        profile = with_metrics(ProfileRecord.of(
+            {**profile.to_dict(), "confidence": s.get("confidence"), "load": s.get("load")}))
     return profile
 
 

@@ -24,15 +24,17 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from libreyolo_core.profiler.record import ProfileRecord
 
 __all__ = ["main", "build_parser", "load_profile", "aggregate", "ReaderError"]
 
 EXIT_OK, EXIT_TRACE, EXIT_USAGE, EXIT_NO_PROFILE = 0, 1, 2, 3
 
-#: Scalars averaged over repeat trials (reference A.6).
+#: Scalars averaged over repeat trials (docs/architecture.md, "Profiler").
 REPEAT_SCALARS = (
     "step_ms",
     "gpu_util",
@@ -64,7 +66,7 @@ class ReaderError(Exception):
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_profile(path: str | Path) -> dict[str, Any]:
+def load_profile(path: str | Path) -> ProfileRecord:
     """Read a profile for the readers (see module docstring).
 
     Raises:
@@ -84,7 +86,10 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     except (OSError, ValueError, EOFError) as exc:
         raise ReaderError(f"{p}: not JSON ({exc})", EXIT_TRACE) from None
     if isinstance(data, dict) and str(data.get("schema", "")).startswith("libreyolo.profile"):
-        return data
+        try:
+            return ProfileRecord.of(data)
+        except ValueError as exc:
+            raise ReaderError(f"{p}: not a readable profile ({exc})", EXIT_TRACE) from None
     if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
         try:
             return profile_from_trace(p)
@@ -106,7 +111,7 @@ def _model_name(args: argparse.Namespace) -> str:
     return name
 
 
-def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[str, Any]:
+def aggregate(trials: Sequence[ProfileRecord | Mapping[str, Any]], paths: Sequence[str]) -> ProfileRecord:
     """``profile_repeat.json``: the last trial's profile with means over the trials.
 
     ``img_per_s`` becomes the mean with ``img_per_s_std`` (population std), ``img_per_s_n``
@@ -117,12 +122,13 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
     trial's own).
     """
     from libreyolo_core.profiler import verdict as V
-    from libreyolo_core.profiler.artifacts import flat_metrics
-    from libreyolo_core.profiler.confidence import Confidence, combine_confidence
+    from libreyolo_core.profiler.artifacts import with_metrics
+    from libreyolo_core.profiler.confidence import combine_confidence
     from libreyolo_core.profiler.load import mean_load
 
-    out = json.loads(json.dumps(profiles[-1]))
-    ips = [p["img_per_s"] for p in profiles if p.get("img_per_s") is not None]
+    profiles = [ProfileRecord.of(p) for p in trials]
+    out = profiles[-1].to_dict()
+    ips = [p.img_per_s for p in profiles if p.img_per_s is not None]
     if ips:
         out["img_per_s"] = round(statistics.fmean(ips), 3)
         out["img_per_s_std"] = round(statistics.pstdev(ips), 4)
@@ -130,14 +136,14 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
         out["img_per_s_trials"] = ips
     for key in REPEAT_SCALARS:
         vals = [
-            p[key]
+            getattr(p, key)
             for p in profiles
-            if isinstance(p.get(key), int | float) and not isinstance(p.get(key), bool)
+            if isinstance(getattr(p, key), int | float) and not isinstance(getattr(p, key), bool)
         ]
         if vals:
             mean = statistics.fmean(vals)
             out[key] = round(mean) if all(isinstance(v, int) for v in vals) else round(mean, 4)
-    bounds = [p.get("bound") for p in profiles]
+    bounds = [p.bound for p in profiles]
     out["bound"] = V.combine(bounds)
     out["trial_bounds"] = bounds
     if out["bound"] == V.MIXED:
@@ -145,15 +151,14 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
             f"trial {i + 1}: {b}" for i, b in enumerate(bounds)
         )
         out["levers"] = V.LEVERS[V.MIXED]
-        out["lever"] = V.lever(V.MIXED, profiles[-1].get("config") or {})
+        out["lever"] = V.lever(V.MIXED, profiles[-1].config)
     else:
         out["bound_why"] = (
-            f"all {len(bounds)} trials agree; last trial: {profiles[-1].get('bound_why')}"
+            f"all {len(bounds)} trials agree; last trial: {profiles[-1].bound_why}"
         )
     out["memory_pressure"] = out["bound"] == V.MEMORY
-    out["confidence"] = combine_confidence(
-        [Confidence.from_dict(p.get("confidence")) for p in profiles], bounds).to_dict()
-    out["load"] = mean_load([p.get("load") for p in profiles])
+    out["confidence"] = combine_confidence([p.confidence for p in profiles], bounds).to_dict()
+    out["load"] = mean_load([p.load.to_dict() if p.load is not None else None for p in profiles])
     out["aggregation"] = {
         "n": len(profiles),
         "profiles": list(paths),
@@ -161,8 +166,7 @@ def aggregate(profiles: Sequence[dict[str, Any]], paths: Sequence[str]) -> dict[
         "note": "means over trials (img/s std is the population std); kernel "
         "and op lists, phases and the trace come from the last trial",
     }
-    out["metrics"] = flat_metrics(out)
-    return out
+    return with_metrics(ProfileRecord.of(out))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -196,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(profiles) >= 2:
         final = aggregate(profiles, paths)
         final_path = str(project / "profile_repeat.json")
-        write_json(Path(final_path), final)
+        write_json(Path(final_path), final.to_dict())
     trace = results[-1].trace_path
     result = {"profile": final_path, "trace": str(trace) if trace else None,
               **result_json(final)}
@@ -270,7 +274,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     p = load_profile(args.profile)
     data = {
         k: v
-        for k, v in p.items()
+        for k, v in p.to_dict().items()
         if k not in ("kernels", "ops", "kernels_by_phase", "ops_by_phase", "steps")
     }
     return _emit(args, data, format_summary(p))
@@ -280,30 +284,27 @@ def cmd_phases(args: argparse.Namespace) -> int:
     from libreyolo_core.profiler.report import format_phases
 
     p = load_profile(args.profile)
-    return _emit(args, p.get("phases", []), format_phases(p.get("phases", [])))
+    return _emit(args, [r.to_dict() for r in p.phases], format_phases(p.phases))
 
 
-def _phase_names(p: dict[str, Any]) -> list[str]:
-    return [r["phase"] for r in p.get("phases", [])]
-
-
-def _select(args: argparse.Namespace, p: dict[str, Any], kind: str) -> tuple[list[dict], str, str]:
+def _select(args: argparse.Namespace, p: ProfileRecord, kind: str) -> tuple[list[dict], str, str]:
     """Rows for ``kernels``/``ops`` after the filters; returns (rows, key, note)."""
     note = ""
     key = "kernel" if kind == "kernels" else "op"
-    if kind == "kernels" and not p.get("kernels"):
+    if kind == "kernels" and not p.kernels:
         kind, key = "ops", "op"
         note = "no GPU kernels in this profile (CPU run): showing CPU ops (self time) instead"
     phase = getattr(args, "phase", None)
     if phase:
-        valid = _phase_names(p)
+        valid = [r.phase for r in p.phases]
         if phase not in valid:
             raise ReaderError(
                 f"unknown phase {phase!r}; valid phases: {', '.join(valid) or '(none)'}"
             )
-        rows = list((p.get(f"{kind}_by_phase") or {}).get(phase, []))
+        by_phase = p.kernels_by_phase if kind == "kernels" else p.ops_by_phase
+        rows = list(by_phase.get(phase, []))
     else:
-        rows = list(p.get(kind) or [])
+        rows = list(p.kernels if kind == "kernels" else p.ops)
     if getattr(args, "category", None):
         rows = [r for r in rows if args.category.lower() in str(r.get("category", "")).lower()]
     if getattr(args, "grep", None):
@@ -337,8 +338,7 @@ def cmd_kernels(args: argparse.Namespace, kind: str = "kernels") -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    p = load_profile(args.profile)
-    metrics = p.get("metrics") or {}
+    metrics = load_profile(args.profile).metrics
     if not args.field:
         return _emit(args, sorted(metrics), "\n".join(sorted(metrics)))
     if args.field not in metrics:

@@ -117,7 +117,7 @@ class WindowLoad:
         if not isinstance(d, dict):
             return None
         try:
-            return cls(**{f: d.get(f) for f in cls.__dataclass_fields__})
+            return cls(**{f: d.get(f) for f in cls.__dataclass_fields__})  # type: ignore[arg-type]
         except TypeError:
             return None
 
@@ -155,7 +155,7 @@ def window_load(start: LoadSnapshot, end: LoadSnapshot) -> WindowLoad:
         return None if x is None else round(float(x), nd)
 
     return WindowLoad(
-        wall_s=r(wall), cpu_count=cores, loadavg_1m_start=r(start.loadavg_1m, 2),
+        wall_s=round(wall, 3), cpu_count=cores, loadavg_1m_start=r(start.loadavg_1m, 2),
         loadavg_1m=r(end.loadavg_1m, 2), machine_busy_cpu_s=r(busy), own_cpu_s=r(own),
         other_cpu_s=r(other), other_cpu_cores=r(cores_used), other_cpu_frac=r(frac, 4),
         source=source,

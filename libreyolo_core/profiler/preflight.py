@@ -385,17 +385,16 @@ def time_validation(cfg: Any, device: Any, batches: int = VAL_BATCHES) -> tuple[
     from libreyolo_core.data.scan import scan_split
     from libreyolo_core.engine.amp import resolve_amp
     from libreyolo_core.eval.validate import validate
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
     dc = load_data_config(cfg.data)
     report = scan_split(dc, "val" if dc.val else "train")
-    ds = YOLODataset(report, cfg.imgsz, augment=False, hyp=cfg.model_dump(), cache=cfg.cache,
+    ds = YOLODataset(report, cfg.imgsz, augment=False, cache=cfg.cache,
                      seed=cfg.seed, rank=0)
     loader = build_dataloader(ds, cfg.batch, min(cfg.workers, 2), shuffle=False, seed=cfg.seed)
     total = len(loader)
     n = max(1, min(batches, total))
-    spec, size = parse_model_name(cfg.model)
-    family = load_family(spec)
+    family, size = parse_model_name(cfg.model)
     net = family.build_model(size, len(dc.names)).to(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     marks: list[float] = []

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from libreyolo_core.profiler.record import LoadRecord, PhaseRow, ProfileRecord
+
 __all__ = [
     "format_summary",
     "format_phases",
@@ -33,66 +35,65 @@ def _f(v: Any, nd: int = 2, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def format_summary(p: Mapping[str, Any]) -> str:
+def format_summary(profile: ProfileRecord | Mapping[str, Any]) -> str:
     """Several lines: figures, verdict with its reason and lever, kernel/op mix, top kernels."""
-    cfg = p.get("config") or {}
-    w = p.get("window") or {}
+    p = ProfileRecord.of(profile)
+    cfg, w = p.config, p.window
     lines = []
-    if p.get("memory_pressure"):
+    if p.memory_pressure:
         lines.append("!! MEMORY PRESSURE: utilisation and img/s below are unreliable !!")
     lines.append(
-        f"profile: {cfg.get('model', p.get('model'))} on {cfg.get('device', p.get('device_type'))}"
+        f"profile: {cfg.get('model', p.model)} on {cfg.get('device', p.device_type)}"
         f", batch {cfg.get('batch')}, imgsz {cfg.get('imgsz')}, amp {cfg.get('amp')}, "
-        f"workers {cfg.get('workers')}; warmup {w.get('warmup')}, measured "
-        f"{w.get('real_steps')} unsynced + {w.get('synced_steps')} synced steps"
+        f"workers {cfg.get('workers')}; warmup {w.warmup}, measured "
+        f"{w.real_steps} unsynced + {w.synced_steps} synced steps"
     )
-    n = p.get("img_per_s_n")
-    ips = _f(p.get("img_per_s"), 1)
+    n = p.img_per_s_n
+    ips = _f(p.img_per_s, 1)
     if n and n > 1:
-        ips += f" ± {_f(p.get('img_per_s_std'), 1)} (n={n})"
-    frac = p.get("dataload_frac") or 0.0
+        ips += f" ± {_f(p.img_per_s_std, 1)} (n={n})"
+    frac = p.dataload_frac or 0.0
     lines.append(
-        f"step {_f(p.get('step_ms'), 1, ' ms')}, {ips} img/s, data wait "
-        f"{_f(p.get('dataload_ms'), 1, ' ms')} ({100 * frac:.0f}%)"
+        f"step {_f(p.step_ms, 1, ' ms')}, {ips} img/s, data wait "
+        f"{_f(p.dataload_ms, 1, ' ms')} ({100 * frac:.0f}%)"
     )
-    if p.get("device_type") == "cpu":
+    if p.device_type == "cpu":
         lines.append(
             "utilisation: not applicable (CPU run); CPU ops "
-            f"{_f(p.get('cpu_ops_ms_per_step'), 1, ' ms/step')}, "
-            f"{_f(p.get('ops_per_step'), 0)} ops/step"
+            f"{_f(p.cpu_ops_ms_per_step, 1, ' ms/step')}, "
+            f"{_f(p.ops_per_step, 0)} ops/step"
         )
     else:
-        util = p.get("gpu_util")
+        util = p.gpu_util
         lines.append(
             f"GPU util {_f(100 * util if util is not None else None, 0, '%')} "
-            f"({_f(p.get('gpu_busy_ms_per_step'), 1)} ms busy / "
-            f"{_f(p.get('step_ms'), 1)} ms step), "
-            f"{_f(p.get('kernels_per_step'), 0)} kernels/step @ "
-            f"~{_f(p.get('mean_kernel_us'), 0)} µs, "
-            f"peak VRAM {_f(p.get('peak_vram_mb'), 0, ' MB')}, Tensor Cores "
-            f"{_f(p.get('tensorcore_pct'), 0, '%')}"
+            f"({_f(p.gpu_busy_ms_per_step, 1)} ms busy / "
+            f"{_f(p.step_ms, 1)} ms step), "
+            f"{_f(p.kernels_per_step, 0)} kernels/step @ "
+            f"~{_f(p.mean_kernel_us, 0)} µs, "
+            f"peak VRAM {_f(p.peak_vram_mb, 0, ' MB')}, Tensor Cores "
+            f"{_f(p.tensorcore_pct, 0, '%')}"
         )
         lines.append(
-            f"memcpy {_f(p.get('memcpy_ms_per_step'), 2, ' ms/step')}, host overhead "
-            f"{_f(p.get('host_overhead_ms_per_step'), 1, ' ms/step')}, launches/step "
-            f"{_f(p.get('launches_per_step'), 0)}, cudaMalloc/Free per step "
-            f"{_f(p.get('cuda_mallocs_per_step'), 1)}"
+            f"memcpy {_f(p.memcpy_ms_per_step, 2, ' ms/step')}, host overhead "
+            f"{_f(p.host_overhead_ms_per_step, 1, ' ms/step')}, launches/step "
+            f"{_f(p.launches_per_step, 0)}, cudaMalloc/Free per step "
+            f"{_f(p.cuda_mallocs_per_step, 1)}"
         )
-    lines.append(f"verdict: {p.get('bound')} — {p.get('bound_why')}")
+    lines.append(f"verdict: {p.bound} — {p.bound_why}")
     lines += confidence_lines(p)
-    lv = p.get("lever") or {}
-    if lv.get("params"):
-        lines.append("lever: try " + " ".join(f"{k}={v}" for k, v in lv["params"].items())
-                     + f" ({lv.get('why')})")
-    elif lv.get("why"):
-        lines.append(f"lever: {lv['why']}" + (f"; {'; '.join(lv['also'])}" if lv.get("also") else ""))
-    elif p.get("levers"):
-        lines.append(f"lever: {p['levers']}")
-    cats = p.get("categories") or []
-    if cats:
-        lines.append("mix: " + ", ".join(f"{c['name']} {c['pct']:.0f}%" for c in cats))
-    gpu = bool(p.get("top_kernels"))
-    top = p.get("top_kernels") if gpu else (p.get("ops") or [])[:8]
+    lv = p.lever
+    if lv is not None and lv.params:
+        lines.append("lever: try " + " ".join(f"{k}={v}" for k, v in lv.params.items())
+                     + f" ({lv.why})")
+    elif lv is not None and lv.why:
+        lines.append(f"lever: {lv.why}" + (f"; {'; '.join(lv.also)}" if lv.also else ""))
+    elif p.levers:
+        lines.append(f"lever: {p.levers}")
+    if p.categories:
+        lines.append("mix: " + ", ".join(f"{c['name']} {c['pct']:.0f}%" for c in p.categories))
+    gpu = bool(p.top_kernels)
+    top = p.top_kernels if gpu else p.ops[:8]
     if top:
         lines.append("top kernels:" if gpu else "top CPU ops (self time):")
         key = "kernel" if gpu else "op"
@@ -101,7 +102,7 @@ def format_summary(p: Mapping[str, Any]) -> str:
                 f"  {r['ms_per_step']:9.3f} ms/step  {r['count_per_step']:7.1f}x  "
                 f"{r.get('category', ''):17s} {r[key]}"
             )
-    for note in p.get("notes") or []:
+    for note in p.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
 
@@ -110,45 +111,47 @@ def _pct(v: Any) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
 
-def load_text(load: Mapping[str, Any] | None) -> str:
+def load_text(load: LoadRecord | Mapping[str, Any] | None) -> str:
     """``other processes 0.8 of 2 cores (40% of the CPU), load average 1.9``: one side's load
     during its window (a repeat aggregate: the mean over trials), or ``not recorded``."""
     if not load:
         return "not recorded"
+    load = LoadRecord.model_validate(load) if isinstance(load, Mapping) else load
     parts = []
-    if load.get("other_cpu_frac") is not None:
-        cores = load.get("other_cpu_cores")
-        part = f"other processes {_pct(load['other_cpu_frac'])} of the CPU"
+    if load.other_cpu_frac is not None:
+        cores = load.other_cpu_cores
+        part = f"other processes {_pct(load.other_cpu_frac)} of the CPU"
         if cores is not None:
-            part += f" ({cores:.1f} of {load.get('cpu_count')} cores)"
-        if load.get("other_cpu_frac_max") is not None:
-            part += f", at most {_pct(load['other_cpu_frac_max'])} in one trial"
+            part += f" ({cores:.1f} of {load.cpu_count} cores)"
+        if load.other_cpu_frac_max is not None:
+            part += f", at most {_pct(load.other_cpu_frac_max)} in one trial"
         parts.append(part)
-    if load.get("loadavg_1m") is not None:
-        parts.append(f"load average {load['loadavg_1m']:.2f} (1 min, this run included)")
+    if load.loadavg_1m is not None:
+        parts.append(f"load average {load.loadavg_1m:.2f} (1 min, this run included)")
     return ", ".join(parts) or "not recorded"
 
 
-def confidence_lines(p: Mapping[str, Any]) -> list[str]:
+def confidence_lines(profile: ProfileRecord | Mapping[str, Any]) -> list[str]:
     """The spread of the window, the machine's load, and the unreliable warning if any."""
-    c = p.get("confidence")
-    if not c:
+    p = ProfileRecord.of(profile)
+    c = p.confidence
+    if c is None:
         return ["confidence: not recorded (a profile rebuilt from a bare trace, or an older one)"]
     out = [
-        f"spread: step time CV {_pct(c.get('step_ms_cv'))}, data wait CV "
-        f"{_pct(c.get('dataload_ms_cv'))} over {c.get('steps')} unsynced steps; machine: "
-        f"{load_text(p.get('load'))}"
+        f"spread: step time CV {_pct(c.step_ms_cv)}, data wait CV "
+        f"{_pct(c.dataload_ms_cv)} over {c.steps} unsynced steps; machine: "
+        f"{load_text(p.load)}"
     ]
-    if c.get("reliable"):
+    if c.reliable:
         out.append("confidence: reliable (steady steps, no competing load)")
     else:
-        out.append("!! verdict UNRELIABLE: " + "; ".join(c.get("reasons") or []))
-        if c.get("advice"):
-            out.append(f"   {c['advice']}")
+        out.append("!! verdict UNRELIABLE: " + "; ".join(c.reasons))
+        if c.advice:
+            out.append(f"   {c.advice}")
     return out
 
 
-def format_phases(rows: Sequence[Mapping[str, Any]]) -> str:
+def format_phases(rows: Sequence[PhaseRow]) -> str:
     """Table: phase, gpu ms, wall ms, cpu-op ms, kernels, ops (per step)."""
     out = [
         f"{'phase':12s} {'gpu_ms':>9s} {'wall_ms':>9s} {'cpu_ops_ms':>10s} "
@@ -156,9 +159,9 @@ def format_phases(rows: Sequence[Mapping[str, Any]]) -> str:
     ]
     for r in rows:
         out.append(
-            f"{r['phase']:12s} {_f(r.get('gpu_ms_per_step'), 3):>9s} "
-            f"{_f(r.get('wall_ms_per_step'), 3):>9s} {_f(r.get('cpu_ms_per_step'), 3):>10s} "
-            f"{_f(r.get('kernels_per_step'), 1):>8s} {_f(r.get('ops_per_step'), 1):>8s}"
+            f"{r.phase:12s} {_f(r.gpu_ms_per_step, 3):>9s} "
+            f"{_f(r.wall_ms_per_step, 3):>9s} {_f(r.cpu_ms_per_step, 3):>10s} "
+            f"{_f(r.kernels_per_step, 1):>8s} {_f(r.ops_per_step, 1):>8s}"
         )
     return "\n".join(out)
 
@@ -176,18 +179,20 @@ def format_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
     return "\n".join(out)
 
 
-def significance(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+def significance(before: ProfileRecord | Mapping[str, Any],
+                 after: ProfileRecord | Mapping[str, Any]) -> dict[str, Any]:
     """Is the img/s difference between two profiles real?
 
     Significant when ``|mean_b - mean_a| > 2 * SE`` with ``SE = sqrt(sa²/na + sb²/nb)``
     (population std of each side's repeat trials). Needs ``img_per_s_n >= 2`` and a std on
     both sides; otherwise ``significant`` is ``None`` with the reason.
     """
-    ia, ib = a.get("img_per_s"), b.get("img_per_s")
+    a, b = ProfileRecord.of(before), ProfileRecord.of(after)
+    ia, ib = a.img_per_s, b.img_per_s
     if ia is None or ib is None:
         return {"significant": None, "reason": "img/s unavailable"}
-    na, nb = int(a.get("img_per_s_n") or 1), int(b.get("img_per_s_n") or 1)
-    sa, sb = a.get("img_per_s_std"), b.get("img_per_s_std")
+    na, nb = int(a.img_per_s_n or 1), int(b.img_per_s_n or 1)
+    sa, sb = a.img_per_s_std, b.img_per_s_std
     if na < 2 or nb < 2 or sa is None or sb is None:
         return {
             "significant": None,
@@ -254,14 +259,15 @@ class Comparison:
                 "environment": asdict(self.environment) | {"reasons": list(self.environment.reasons)}}
 
 
-def side_load(p: Mapping[str, Any]) -> dict[str, Any] | None:
+def side_load(p: ProfileRecord | Mapping[str, Any]) -> dict[str, Any] | None:
     """One side's load: the profile's ``load`` (a repeat aggregate's holds the means over
     its trials, ``other_cpu_frac_max`` and ``trials``); ``None`` when not recorded."""
-    load = p.get("load")
-    return dict(load) if isinstance(load, Mapping) else None
+    load = ProfileRecord.of(p).load
+    return load.to_dict() if load is not None else None
 
 
-def environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Environment:
+def environment(before: ProfileRecord | Mapping[str, Any],
+                after: ProfileRecord | Mapping[str, Any]) -> Environment:
     """May the environment, not the configuration, explain the difference between two
     profiles? Yes when a side's window was loaded (other processes took
     :data:`~.verdict.LOADED_OTHER_FRAC` of the CPU or more, in any trial), when the two
@@ -269,16 +275,17 @@ def environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Environment:
     window was unreliable for any other reason (noisy steps)."""
     from libreyolo_core.profiler import verdict as V
 
-    la, lb = side_load(a), side_load(b)
-    fa = la.get("other_cpu_frac") if la else None
-    fb = lb.get("other_cpu_frac") if lb else None
+    a, b = ProfileRecord.of(before), ProfileRecord.of(after)
+    la, lb = a.load, b.load
+    fa = la.other_cpu_frac if la else None
+    fb = lb.other_cpu_frac if lb else None
     if fa is None or fb is None:
         missing = [n for n, f in (("before", fa), ("after", fb)) if f is None]
         return Environment(None, f"machine load not recorded for {' and '.join(missing)}: "
                            "the environment cannot be ruled out as the cause of the delta")
     reasons: list[str] = []
     for name, load, frac in (("before", la, fa), ("after", lb, fb)):
-        worst = load.get("other_cpu_frac_max", frac)
+        worst = load.other_cpu_frac_max if "other_cpu_frac_max" in load.model_fields_set else frac
         if worst is not None and worst >= V.LOADED_OTHER_FRAC:
             reasons.append(f"{name} ran on a loaded machine (other processes "
                            f"{_pct(worst)} of the CPU)")
@@ -287,9 +294,9 @@ def environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Environment:
         reasons.append(f"the machine was busier during {busier} (other processes "
                        f"{_pct(fa)} before, {_pct(fb)} after)")
     for name, p in (("before", a), ("after", b)):
-        conf = p.get("confidence") or {}
-        if "noisy_steps" in (conf.get("flags") or ()):
-            cv = conf.get("step_ms_cv")
+        conf = p.confidence
+        if conf is not None and "noisy_steps" in conf.flags:
+            cv = conf.step_ms_cv
             reasons.append(f"{name}'s steps did not repeat (step time CV {_pct(cv)})")
     if reasons:
         return Environment(True, "the environment, not the configuration, may explain the "
@@ -300,25 +307,27 @@ def environment(a: Mapping[str, Any], b: Mapping[str, Any]) -> Environment:
                        "not explain the delta")
 
 
-def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
+def compare_profiles(before: ProfileRecord | Mapping[str, Any],
+                     after: ProfileRecord | Mapping[str, Any]) -> Comparison:
     """Headline deltas ``after - before``, the significance call, both sides' load and
     whether the environment may explain the delta (:func:`environment`)."""
+    a, b = ProfileRecord.of(before), ProfileRecord.of(after)
 
     def pair(key: str, fa: Any = None, fb: Any = None) -> dict[str, Any]:
-        va = fa if fa is not None else a.get(key)
-        vb = fb if fb is not None else b.get(key)
+        va = fa if fa is not None else getattr(a, key, None)
+        vb = fb if fb is not None else getattr(b, key, None)
         row: dict[str, Any] = {"before": va, "after": vb}
         if isinstance(va, int | float) and isinstance(vb, int | float) and not isinstance(va, bool):
             row["delta"] = round(vb - va, 4)
             row["pct"] = round(100.0 * (vb - va) / va, 2) if va else None
         return row
 
-    def per_image(p: Mapping[str, Any]) -> float | None:
-        batch = (p.get("config") or {}).get("batch")
-        return round(p["step_ms"] / batch, 4) if p.get("step_ms") and batch else None
+    def per_image(p: ProfileRecord) -> float | None:
+        batch = p.config.get("batch")
+        return round(p.step_ms / batch, 4) if p.step_ms and batch else None
 
-    def reliable(p: Mapping[str, Any]) -> bool | None:
-        return (p.get("confidence") or {}).get("reliable")
+    def reliable(p: ProfileRecord) -> bool | None:
+        return p.confidence.reliable if p.confidence is not None else None
 
     return Comparison(
         metrics={
@@ -330,7 +339,7 @@ def compare_profiles(a: Mapping[str, Any], b: Mapping[str, Any]) -> Comparison:
             "host_overhead_ms_per_step": pair("host_overhead_ms_per_step"),
             "launches_per_step": pair("launches_per_step"),
         },
-        bound={"before": a.get("bound"), "after": b.get("bound")},
+        bound={"before": a.bound, "after": b.bound},
         significance=significance(a, b),
         load={"before": side_load(a), "after": side_load(b)},
         reliable={"before": reliable(a), "after": reliable(b)},

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from libreyolo_core.profiler.confidence import Confidence
 from libreyolo_core.profiler.load import WindowLoad
+from libreyolo_core.profiler.record import ProfileRecord
 
 __all__ = ["TrialResult", "NoProfileError", "run_trial", "trial_overrides", "result_json"]
 
@@ -76,15 +77,16 @@ class TrialResult:
         if not path.is_file():
             raise NoProfileError(f"{run_dir}: no profile.json")
         p = json.loads(path.read_text(encoding="utf-8"))
+        rec = ProfileRecord.of(p)
         trace = path.with_name(TRACE_NAME)
         return cls(
             run_dir=Path(run_dir), profile_path=path,
             trace_path=trace if trace.is_file() else None,
-            verdict=p.get("bound"), bound_why=p.get("bound_why"), lever=p.get("lever") or {},
-            img_per_s=p.get("img_per_s"), step_ms=p.get("step_ms"),
-            dataload_frac=p.get("dataload_frac"), gpu_util=p.get("gpu_util"),
-            confidence=Confidence.from_dict(p.get("confidence")),
-            load=WindowLoad.from_dict(p.get("load")), profile=p,
+            verdict=rec.bound, bound_why=rec.bound_why,
+            lever=rec.lever.to_dict() if rec.lever is not None else {},
+            img_per_s=rec.img_per_s, step_ms=rec.step_ms,
+            dataload_frac=rec.dataload_frac, gpu_util=rec.gpu_util, confidence=rec.confidence,
+            load=WindowLoad.from_dict(rec.load.to_dict() if rec.load is not None else None), profile=p,
         )
 
 
@@ -155,16 +157,17 @@ def run_trial(data: str | Path, model: str = "yolo9-t", *, project: str | Path,
                 torch.cuda.empty_cache()
 
 
-def result_json(result: TrialResult | Mapping[str, Any]) -> dict[str, Any]:
+def result_json(result: TrialResult | ProfileRecord | Mapping[str, Any]) -> dict[str, Any]:
     """The small JSON a caller prints for a trial or an aggregate profile (``--json``)."""
-    p = result.profile if isinstance(result, TrialResult) else result
+    p = ProfileRecord.of(result.profile if isinstance(result, TrialResult) else result)
+    d = p.to_dict()
     return {
-        "img_per_s": p.get("img_per_s"),
-        "img_per_s_std": p.get("img_per_s_std"),
-        "img_per_s_n": p.get("img_per_s_n", 1),
-        "bound": p.get("bound"),
-        "gpu_util": p.get("gpu_util"),
-        "reliable": (p.get("confidence") or {}).get("reliable"),
-        "confidence": p.get("confidence"),
-        "load": p.get("load"),
+        "img_per_s": p.img_per_s,
+        "img_per_s_std": p.img_per_s_std,
+        "img_per_s_n": p.img_per_s_n if "img_per_s_n" in p.model_fields_set else 1,
+        "bound": p.bound,
+        "gpu_util": p.gpu_util,
+        "reliable": p.confidence.reliable if p.confidence is not None else None,
+        "confidence": d.get("confidence"),
+        "load": d.get("load"),
     }

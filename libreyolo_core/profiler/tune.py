@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from libreyolo_core.profiler import verdict as V
+from libreyolo_core.profiler.record import ProfileRecord
 
 __all__ = ["TuneOptions", "Lever", "TuneInterrupted", "candidate_levers", "judge", "load_bound",
            "run_tune", "run_spec", "format_tune", "SCHEMA", "TUNE_NAME", "NO_LEVER"]
@@ -258,23 +259,25 @@ def _cores() -> int:
 
 
 # -- the rule -------------------------------------------------------------------------------
-def _trial_fracs(p: Mapping[str, Any]) -> list[float] | None:
+def _trial_fracs(p: ProfileRecord) -> list[float] | None:
     """Other processes' CPU share during each trial of an aggregate (``None`` if unknown)."""
-    load = p.get("load") or {}
+    load = p.load.to_dict() if p.load is not None else {}
     trials = load.get("trials") or [load]
     fracs = [t.get("other_cpu_frac") for t in trials if isinstance(t, Mapping)]
     return None if not fracs or any(f is None for f in fracs) else [float(f) for f in fracs]
 
 
-def load_bound(base: Mapping[str, Any], cand: Mapping[str, Any]) -> float | None:
+def load_bound(baseline: ProfileRecord | Mapping[str, Any],
+               candidate: ProfileRecord | Mapping[str, Any]) -> float | None:
     """The most img/s the baseline could have reached under the candidate's load: each
     baseline trial's img/s x ``(1 - f_c) / (1 - f_b)``, its own other-process CPU share
     ``f_b`` replaced by the least loaded candidate trial's ``f_c`` (a process gets at most
     the CPU that others leave, so its throughput grows at most in that ratio), the largest
     over the baseline trials. ``None`` when a load is unknown, ``inf`` when a baseline
     trial had no CPU left."""
+    base, cand = ProfileRecord.of(baseline), ProfileRecord.of(candidate)
     fb, fc = _trial_fracs(base), _trial_fracs(cand)
-    ips = list(base.get("img_per_s_trials") or [])
+    ips = list(base.img_per_s_trials or [])
     if fb is None or fc is None or len(ips) != len(fb):
         return None
     best = min(fc)
@@ -287,8 +290,8 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else ("+inf%" if math.isinf(x) else f"{100 * x:+.0f}%")
 
 
-def judge(base: Mapping[str, Any], cand: Mapping[str, Any], *, min_gain: float
-          ) -> tuple[Any, dict[str, Any]]:
+def judge(baseline: ProfileRecord | Mapping[str, Any], candidate: ProfileRecord | Mapping[str, Any],
+          *, min_gain: float) -> tuple[Any, dict[str, Any]]:
     """Compare a candidate's aggregate with the baseline's and apply the rule (module
     docstring, step 4).
 
@@ -307,11 +310,12 @@ def judge(base: Mapping[str, Any], cand: Mapping[str, Any], *, min_gain: float
     """
     from libreyolo_core.profiler.report import compare_profiles
 
+    base, cand = ProfileRecord.of(baseline), ProfileRecord.of(candidate)
     c = compare_profiles(base, cand)
     sig = c.significance.get("significant")
-    ib, ic = base.get("img_per_s"), cand.get("img_per_s")
-    tb = list(base.get("img_per_s_trials") or [ib])
-    tc = list(cand.get("img_per_s_trials") or [ic])
+    ib, ic = base.img_per_s, cand.img_per_s
+    tb = list(base.img_per_s_trials or [ib])
+    tc = list(cand.img_per_s_trials or [ic])
     gain = ic / ib - 1.0 if ib and ic is not None else None
     gain_low = min(tc) / max(tb) - 1.0 if tb and tc and max(tb) > 0 else None
     separated = gain_low is not None and gain_low > 0
@@ -363,7 +367,7 @@ class _Config:
     group: str = ""
     why: str = ""
     results: list[Any] = field(default_factory=list)  # TrialResult
-    aggregate: dict[str, Any] | None = None
+    aggregate: ProfileRecord | None = None
     verdict: dict[str, Any] | None = None
     comparison: dict[str, Any] | None = None
     skipped: str | None = None
@@ -371,16 +375,17 @@ class _Config:
     batch: int = 0
 
     def row(self) -> dict[str, Any]:
-        a = self.aggregate or {}
+        a = self.aggregate if self.aggregate is not None else ProfileRecord()
         v = self.verdict or {}
         return {
             "name": self.name, "label": self.label, "params": self.changes,
             "side_effect": self.side_effect, "why": self.why,
-            "img_per_s": a.get("img_per_s"), "img_per_s_std": a.get("img_per_s_std"),
-            "n": a.get("img_per_s_n", len(self.results)), "img_per_s_trials": a.get("img_per_s_trials"),
-            "step_ms": a.get("step_ms"), "dataload_frac": a.get("dataload_frac"),
-            "verdict": a.get("bound"), "reliable": (a.get("confidence") or {}).get("reliable"),
-            "other_cpu_frac": (a.get("load") or {}).get("other_cpu_frac"),
+            "img_per_s": a.img_per_s, "img_per_s_std": a.img_per_s_std,
+            "n": a.img_per_s_n if "img_per_s_n" in a.model_fields_set else len(self.results),
+            "img_per_s_trials": a.img_per_s_trials,
+            "step_ms": a.step_ms, "dataload_frac": a.dataload_frac,
+            "verdict": a.bound, "reliable": a.confidence.reliable if a.confidence else None,
+            "other_cpu_frac": a.load.other_cpu_frac if a.load else None,
             "batch": self.batch, "epoch_s": self.epoch_s,
             "significant": v.get("significant"), "gain": v.get("gain"),
             "gain_low": v.get("gain_low"), "separated": v.get("separated"),
@@ -389,7 +394,7 @@ class _Config:
             "recommendable": bool(v.get("recommendable")),
             "note": self.skipped or v.get("note"),
             "skipped": self.skipped is not None,
-            "profile": f"trials/{self.name}/profile_repeat.json" if self.aggregate else None,
+            "profile": f"trials/{self.name}/profile_repeat.json" if self.aggregate is not None else None,
             "trials": [f"trials/{r.run_dir.name}/profile.json" for r in self.results],
         }
 
@@ -520,11 +525,11 @@ class _Tuner:
         paths = [str(r.profile_path) for r in cfg.results]
         cfg.aggregate = aggregate(profiles, paths)
         (self.run_dir / "trials" / cfg.name).mkdir(parents=True, exist_ok=True)
-        write_json(self.run_dir / "trials" / cfg.name / "profile_repeat.json", cfg.aggregate)
-        cfg.batch = int((cfg.aggregate.get("config") or {}).get("batch") or 0)
-        if cfg.batch and cfg.aggregate.get("step_ms"):
+        write_json(self.run_dir / "trials" / cfg.name / "profile_repeat.json", cfg.aggregate.to_dict())
+        cfg.batch = int(cfg.aggregate.config.get("batch") or 0)
+        if cfg.batch and cfg.aggregate.step_ms:
             steps = self.images // cfg.batch if self.images >= cfg.batch else 1
-            cfg.epoch_s = round(steps * cfg.aggregate["step_ms"] / 1e3, 3)
+            cfg.epoch_s = round(steps * cfg.aggregate.step_ms / 1e3, 3)
 
     def summarise_partial(self) -> None:
         """After a stop: every configuration with measured trials but no aggregate gets one
@@ -540,8 +545,8 @@ class _Tuner:
         comp, verdict = judge(base.aggregate, cfg.aggregate, min_gain=self.opt.min_gain)
         cfg.comparison, cfg.verdict = comp.to_dict(), verdict
         sig = {True: "significant", False: "not significant", None: "no call"}[verdict["significant"]]
-        self.say(f"  -> {cfg.aggregate['img_per_s']:.1f} ± {cfg.aggregate.get('img_per_s_std') or 0:.1f}"
-                 f" img/s vs {base.aggregate['img_per_s']:.1f}: {sig}, "
+        self.say(f"  -> {cfg.aggregate.img_per_s:.1f} ± {cfg.aggregate.img_per_s_std or 0:.1f}"
+                 f" img/s vs {base.aggregate.img_per_s:.1f}: {sig}, "
                  f"{'RECOMMENDABLE' if verdict['recommendable'] else 'not recommended'}: "
                  f"{verdict['note']}")
         self.emit("tune_candidate", **cfg.row())
@@ -642,8 +647,8 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
                   f"steps, at most {opt.max_candidates} candidates"
                   + (f", budget {opt.budget_s:g} s" if opt.budget_s else ""))
         tuner.measure(baseline, 0)
-        device = baseline.aggregate.get("device_type") or "cpu"
-        verdicts = [b for b in baseline.aggregate.get("trial_bounds") or [] if b]
+        device = baseline.aggregate.device_type or "cpu"
+        verdicts = [b for b in baseline.aggregate.trial_bounds or [] if b]
         levers = candidate_levers(verdicts, resolved, device_type=device,
                                   bf16_supported=device == "cuda" and _bf16(),
                                   cuda_graph_supported=graphs_ok)
@@ -655,7 +660,7 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
             tuner.configs.append(_Config(lv.name, lv.label, dict(lv.params), lv.side_effect,
                                          lv.group, lv.why))
         tuner.planned = opt.repeat * len(tuner.configs)
-        tuner.say(f"baseline verdict: {baseline.aggregate.get('bound')}; candidates: "
+        tuner.say(f"baseline verdict: {baseline.aggregate.bound}; candidates: "
                   + (", ".join(lv.label for lv in levers) or "none on this device"))
         write()
         for i, cfg in enumerate(list(tuner.configs[1:]), 1):
@@ -737,7 +742,7 @@ def _combination(configs: Sequence[_Config]) -> _Config | None:
     best: dict[str, _Config] = {}
     for c in configs:
         if c.side_effect is None and c.verdict and c.verdict.get("recommendable"):
-            if c.group not in best or c.aggregate["img_per_s"] > best[c.group].aggregate["img_per_s"]:
+            if c.group not in best or c.aggregate.img_per_s > best[c.group].aggregate.img_per_s:
                 best[c.group] = c
     if len(best) < 2:
         return None
@@ -762,14 +767,14 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
     pool = speed or good
     rec = None
     if pool:
-        rec = max(pool, key=lambda c: c.aggregate["img_per_s"])
+        rec = max(pool, key=lambda c: c.aggregate.img_per_s)
         combo = next((c for c in speed if c.name == "combined"), None)
-        if combo is not None and combo.aggregate["img_per_s"] >= max(
-                c.aggregate["img_per_s"] for c in speed if c.name != "combined"):
+        if combo is not None and combo.aggregate.img_per_s >= max(
+                c.aggregate.img_per_s for c in speed if c.name != "combined"):
             rec = combo
     also = [f"{c.label}: {_pct(c.verdict['gain'])} img/s, but it {c.side_effect}"
             for c in good if c.side_effect is not None and c is not rec]
-    device = (base.aggregate or {}).get("device_type")
+    device = base.aggregate.device_type if base.aggregate is not None else None
     tried = len(measured)
     if base.aggregate is None:
         answer = ("no answer: the baseline was not measured "
@@ -777,7 +782,7 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
     elif rec is not None:
         named = _fmt_params(rec.changes)
         answer = (f"recommended: {named}{'' if rec.label == named else f' ({rec.label})'}: "
-                  f"{base.aggregate['img_per_s']:.1f} -> {rec.aggregate['img_per_s']:.1f} img/s "
+                  f"{base.aggregate.img_per_s:.1f} -> {rec.aggregate.img_per_s:.1f} img/s "
                   f"({_pct(rec.verdict['gain'])})")
         if rec.epoch_s is not None and base.epoch_s is not None:
             answer += f", epoch {base.epoch_s:.1f} s -> {rec.epoch_s:.1f} s"
@@ -791,8 +796,8 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
             answer = (f"no answer: none of the {len(skipped)} candidates could be measured ("
                       + "; ".join(f"{c.label}: {c.skipped}" for c in skipped) + ")")
         else:
-            helps = ((base.aggregate.get("lever") or {}).get("also") or [])
-            answer = (f"{NO_LEVER}: the verdict ({base.aggregate.get('bound')}) names no lever "
+            helps = base.aggregate.lever.also if base.aggregate.lever is not None else []
+            answer = (f"{NO_LEVER}: the verdict ({base.aggregate.bound}) names no lever "
                       f"that exists on this device ({device})"
                       + (f"; what helps instead: {', '.join(helps)}" if helps else ""))
     else:
@@ -809,8 +814,8 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
         params.update(rec.changes)
     return {
         "schema": SCHEMA, "status": tuner.status, "device": device,
-        "verdict": (base.aggregate or {}).get("bound"),
-        "verdicts": (base.aggregate or {}).get("trial_bounds"),
+        "verdict": base.aggregate.bound if base.aggregate is not None else None,
+        "verdicts": base.aggregate.trial_bounds if base.aggregate is not None else None,
         "model": tuner.model, "data": tuner.data, "config": tuner.base,
         "train_images": tuner.images, "window": {"warmup": tuner.window[0], "steps": tuner.window[1]},
         "options": tuner.opt.to_dict(),

@@ -21,14 +21,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
 from libreyolo_core.engine.checkpoint import CheckpointError
-from libreyolo_core.models.registry import families, get_family, load_family
+from libreyolo_core.models.family import Family
+from libreyolo_core.models.registry import families, get_family, list_models
 from libreyolo_core.weights.names import (
     LIBREYOLO_AUX_PREFIXES,
     is_libreyolo_yolo9,
@@ -80,11 +80,11 @@ class LoadedWeights:
         Raises:
             CheckpointError: the tensors do not fit the model (names the first difference).
         """
-        return build_from_state(load_family(get_family(self.family)), self.size, self.nc, self.state,
+        return build_from_state(get_family(self.family), self.size, self.nc, self.state,
                                 source=self.path)
 
 
-def build_from_state(family: ModuleType, size: str, nc: int, state: Mapping[str, torch.Tensor],
+def build_from_state(family: Family, size: str, nc: int, state: Mapping[str, torch.Tensor],
                      source: Path | str = "weights") -> nn.Module:
     """``family.build_model(size, nc, **family.arch_from_state(state))`` with ``state`` loaded.
 
@@ -96,17 +96,17 @@ def build_from_state(family: ModuleType, size: str, nc: int, state: Mapping[str,
         model.load_state_dict(state)
     except RuntimeError as exc:
         detail = " ".join(str(exc).split())[:400]
-        raise CheckpointError(f"{source}: its tensors do not fit {family.__name__.rsplit('.', 1)[-1]}-{size} "
+        raise CheckpointError(f"{source}: its tensors do not fit {family.name}-{size} "
                               f"({detail})") from None
     return model
 
 
-def _class_count(family: ModuleType, state: Mapping[str, torch.Tensor]) -> int | None:
+def _class_count(family: Family, state: Mapping[str, torch.Tensor]) -> int | None:
     weights = [k for k in family.class_tensors(list(state)) if k.endswith("weight")]
     return int(state[weights[0]].shape[0]) if weights else None
 
 
-def _fits(family: ModuleType, size: str, nc: int, state: Mapping[str, torch.Tensor]) -> bool:
+def _fits(family: Family, size: str, nc: int, state: Mapping[str, torch.Tensor]) -> bool:
     with torch.device("meta"):
         model = family.build_model(size, nc, **family.arch_from_state(dict(state)))
     own = model.state_dict()
@@ -116,14 +116,13 @@ def _fits(family: ModuleType, size: str, nc: int, state: Mapping[str, torch.Tens
 def detect_model(state: Mapping[str, torch.Tensor]) -> tuple[str, str] | None:
     """``(family, size)`` whose model has exactly these tensor names and shapes (our names),
     or ``None``. Each candidate is built on the ``meta`` device (no memory, no compute)."""
-    for spec in families().values():
-        family = load_family(spec)
+    for family in families().values():
         nc = _class_count(family, state)
         if nc is None:
             continue
-        for size in spec.sizes:
+        for size in family.sizes:
             if _fits(family, size, nc, state):
-                return spec.name, size
+                return family.name, size
     return None
 
 
@@ -144,9 +143,8 @@ def _family_size_from_meta(meta: Mapping[str, Any], path: Path) -> tuple[str, st
     family, size = meta.get("model_family"), meta.get("size")
     if not family:
         return None
-    have = [f"{f.name}-{s}" for f in families().values() for s in f.sizes]
     if str(family) not in families() or str(size) not in families()[str(family)].sizes:
-        raise CheckpointError(f"{path}: a {family}-{size} checkpoint; this engine has {', '.join(have)}")
+        raise CheckpointError(f"{path}: a {family}-{size} checkpoint; this engine has {', '.join(list_models())}")
     return str(family), str(size)
 
 
@@ -202,7 +200,7 @@ def load_weights(path: str | Path, expect: str | None = None) -> LoadedWeights:
     if found is None:
         what = f"a {named[0]}-{named[1]} checkpoint whose" if named else "its"
         raise CheckpointError(f"{path}: {what} tensors match none of our models "
-                              f"({', '.join(f'{f.name}-{s}' for f in families().values() for s in f.sizes)})")
+                              f"({', '.join(list_models())})")
     if named is not None and named != found:
         log.warning("%s: metadata says %s-%s but the tensors are a %s-%s; using the tensors", path.name,
                     *named, *found)
@@ -212,7 +210,7 @@ def load_weights(path: str | Path, expect: str | None = None) -> LoadedWeights:
     if expect is not None and str(expect).lower() != f"{family}-{size}":
         log.warning("%s holds a %s-%s, not the %s asked for; loading it as %s-%s", path.name, family, size,
                     expect, family, size)
-    family_mod = load_family(get_family(family))
+    family_mod = get_family(family)
     nc = _class_count(family_mod, state)
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     imgsz = meta.get("imgsz")

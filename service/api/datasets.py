@@ -23,10 +23,12 @@ from sqlalchemy import select
 from service.api.deps import CurrentUser, SessionDep, SettingsDep
 from service.api.problems import Problem, error_responses
 from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
-from service.db.models import TERMINAL, Dataset, Job, new_id
+from service.db.models import Dataset, Job, new_id
+from service.lifecycle import TERMINAL
 from service.settings import Settings
 from service.storage.roots import path_refusal
 from service.storage.zipsafe import UnsafeZipError, check_dataset_yaml, extract_zip
+from service.users import owns
 
 __all__ = ["router"]
 
@@ -131,7 +133,7 @@ def list_datasets(user: CurrentUser, session: SessionDep, settings: SettingsDep
 
 def _owned(session: SessionDep, user: CurrentUser, dataset_id: str) -> Dataset:
     ds = session.get(Dataset, dataset_id)
-    if ds is None or (ds.owner_id != user.id and not user.is_admin):
+    if ds is None or not owns(user, ds.owner_id):
         raise Problem(404, f"dataset {dataset_id!r} not found")
     return ds
 

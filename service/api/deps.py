@@ -11,14 +11,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.api.problems import Problem
+from service.api.problems import Problem, error_responses
 from service.db.models import Job, User
-from service.ops import user_for_token
+from service.job_store import get_owned
 from service.settings import Settings
 from service.storage import ArtifactStore
+from service.users import user_for_token
 
 __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "TOKEN_COOKIE",
-           "check_same_origin", "current_user"]
+           "check_same_origin", "current_user", "owned_job", "OWNED_JOB_ERRORS"]
 
 LOCAL_ADMIN = "local"
 _Row = TypeVar("_Row")
@@ -136,15 +137,20 @@ CurrentUser = Annotated[User, Depends(current_user)]
 
 
 def owned_job(job_id: str, user: CurrentUser, session: SessionDep) -> Job:
-    """The job ``job_id`` if the user owns it (or is an admin).
+    """The job ``job_id`` if the user owns it (or is an admin): the one ownership check of
+    every ``/v1/jobs/{job_id}...`` route and of the job page's fragments
+    (:func:`service.job_store.get_owned`).
 
     Raises:
+        Problem 401: as :func:`current_user`.
         Problem 404: no such job, or another user's job (the two are indistinguishable).
     """
-    job = session.get(Job, job_id)
-    if job is None or (job.owner_id != user.id and not user.is_admin):
+    job = get_owned(session=session, job_id=job_id, user=user)
+    if job is None:
         raise Problem(404, f"job {job_id!r} not found")
     return _released(session, job)
 
 
 OwnedJob = Annotated[Job, Depends(owned_job)]
+#: the OpenAPI ``responses`` of a route taking an :data:`OwnedJob`.
+OWNED_JOB_ERRORS = error_responses({404: "no such job (or another user's job)"})

@@ -1,4 +1,6 @@
-"""``/v1/jobs``: submit, list, read, cancel, events (JSON and SSE), logs, artifacts."""
+"""``/v1/jobs``: submit, list, read and cancel jobs (their events and log:
+:mod:`service.api.events`; their files: :mod:`service.api.artifacts`; the rules a submit
+must pass: :mod:`service.api.submit_rules`)."""
 
 from __future__ import annotations
 
@@ -8,66 +10,45 @@ import json
 import logging
 import re
 import time
-import typing
-from datetime import UTC
-from pathlib import Path
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sse_starlette import EventSourceResponse
 
-from libreyolo_core.config import ConfigError, TrainConfig, resolve_config
-from libreyolo_core.data.config import DataConfigError, load_data_config
-from libreyolo_core.distributed.batch import nearest_valid_batches, per_rank_batch
-from libreyolo_core.models.registry import list_models
-from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep, StoreDep
-from service.api.files import FileDigest, RecordedDigest, current_digest, serve_file
-from service.api.model_refs import (
-    MODEL_ID_LIKE,
-    OTHER_MODEL_FORMS,
-    describe_model_ref,
-    family_of_path,
-    resolve_model_id,
+from libreyolo_core.config import resolve_config
+from service import job_store
+from service.api.deps import (
+    OWNED_JOB_ERRORS,
+    CurrentUser,
+    OwnedJob,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
 )
+from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
-    ArtifactPublic,
-    ArtifactsList,
-    EventPublic,
-    EventsPage,
     JobCreate,
     JobKind,
     JobPublic,
     JobsPage,
-    JobStatus,
+    JobStatusName,
     TuneOptionsIn,
 )
-from service.db.models import TERMINAL, Artifact, Dataset, Job, JobEvent, utcnow
-from service.ops import append_events, transition
+from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, validate_params
+from service.db.models import Job, utcnow
+from service.lifecycle import TERMINAL, JobStatus
+from service.ops import append_events
 from service.outlook_cache import OutlookCache
 from service.queue import enqueue, queue_for
 from service.scheduler import Outlook, outlook
-from service.storage.roots import path_refusal
 from service.workers import live_queues, unserved_warning, waiting_reason
 
 __all__ = ["router", "job_public", "queue_outlooks"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-GPU_COUNTS = (0, 1, 2, 4, 8)
-#: params the service sets itself (run directory, resume, devices).
-RESERVED_PARAMS = ("project", "name", "exist_ok", "resume", "device", "data", "model")
-TIMELINE_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; "
-    "base-uri 'none'; frame-ancestors 'self'; sandbox allow-scripts"
-)
-_NOT_FOUND = error_responses({404: "no such job (or another user's job)"})
 
 
 def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = None,
@@ -88,7 +69,7 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live)
-    where = (outlooks or {}).get(job.id) if job.status == "queued" else None
+    where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     if where is not None:
         out.queue_position = where.position
         out.effective_priority = where.effective_priority
@@ -100,184 +81,11 @@ def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str,
                    cache: OutlookCache | None = None) -> dict[str, Outlook]:
     """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``
     (through ``cache``, the app's :class:`~service.outlook_cache.OutlookCache`, when given)."""
-    queues = {j.queue for j in jobs if j.status == "queued"}
+    queues = {j.queue for j in jobs if j.status == JobStatus.QUEUED}
     if not queues:
         return {}
     return cache.outlooks(session, settings, queues, live) if cache else \
         outlook(session, settings, queues, live)
-
-
-def _validate_params(body: JobCreate, gpus: int, family: str | None = None) -> dict[str, Any]:
-    """Validate ``params`` with the engine's TrainConfig; returns the canonical user keys.
-
-    ``family`` (``<family>-<size>``) stands in for ``body.model`` when the model is a
-    checkpoint of an earlier job (its family decides the defaults and the stride rules).
-
-    Raises:
-        Problem 422: naming ``params.<key>`` (or ``model``) and what is allowed.
-    """
-    for key in body.params:
-        if key.replace("-", "_") in RESERVED_PARAMS:
-            where = key if key in ("data", "model") else None
-            detail = (f"params.{key}: set '{key}' at the top level of the request"
-                      if where else f"params.{key}: set by the service, not by the request")
-            raise Problem(422, detail, field=f"params.{key}")
-    try:
-        cfg = resolve_config({**body.params, "model": family or body.model})
-    except ConfigError as exc:
-        field = "model" if exc.key == "model" else f"params.{exc.key}"
-        more = f". {OTHER_MODEL_FORMS}" if field == "model" and family is None else ""
-        raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
-                      allowed=_allowed_values(exc.key)) from None
-    world = gpus or body.procs
-    if (body.kind in ("profile", "tune") or cfg.profile) and world > 1:
-        raise Problem(422, f"{'gpus' if gpus else 'procs'}: a {body.kind if body.kind != 'train' else 'profile'} "
-                      "job runs on one device (the training profiler does not run under DDP); use 1",
-                      field="gpus" if gpus else "procs", value=world, allowed=[1])
-    if cfg.preflight and body.kind != "train":
-        raise Problem(422, f"params.preflight: a preflight estimates a training run; a {body.kind} "
-                      "job has none (submit kind train with params.preflight)",
-                      field="params.preflight", value=True, allowed=[False])
-    if cfg.preflight and world > 1:
-        raise Problem(422, f"params.preflight: the preflight profiles one device; this job has "
-                      f"{world} ranks ({'gpus' if gpus else 'procs'}={world})",
-                      field="params.preflight", value=True, allowed=[False])
-    if cfg.batch > 0:
-        try:
-            per_rank_batch(cfg.batch, world)
-        except ValueError as exc:
-            ranks = f"gpus={gpus}" if gpus else f"procs={body.procs}"
-            raise Problem(422, f"params.batch: {exc} ({ranks})", field="params.batch", value=cfg.batch,
-                          allowed=nearest_valid_batches(cfg.batch, world)) from None
-    keys = set(cfg.model_fields_set) - {"model"}
-    return cfg.model_dump(mode="json", include=keys)
-
-
-def _allowed_values(key: str) -> list[Any] | None:
-    """The valid values of a training key when they are a short list (the model names, a
-    Literal's choices); None for ranges and free values (the detail says those)."""
-    if key == "model":
-        return list_models()
-    info = TrainConfig.model_fields.get(key)
-    if info is None:
-        return None
-    choices = [a for a in typing.get_args(info.annotation) if a is not type(None)]
-    if typing.get_origin(info.annotation) is typing.Literal:
-        return choices
-    literals = [typing.get_args(a) for a in choices if typing.get_origin(a) is typing.Literal]
-    return [v for group in literals for v in group] if literals and \
-        len(literals) == len(choices) else None
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-#: ``job:<job id>/<artifact path>``: a checkpoint artifact of an earlier job.
-_JOB_MODEL = re.compile(r"job:(?P<job>j[0-9a-f]{24})/(?P<path>.+)")
-_MAX_CHAIN = 32
-
-
-def _family_of(session: SessionDep, store: Any, model: str) -> str | None:
-    """``<family>-<size>`` of a stored job model: a name, or a checkpoint path inside the
-    artifact store (followed back through the jobs that produced it). None if unknown."""
-    for _ in range(_MAX_CHAIN):
-        if not model.startswith("/"):
-            return model
-        if (registered := family_of_path(session, model)) is not None:
-            return registered
-        try:
-            rel = Path(model).relative_to(store.root)
-        except ValueError:
-            return None
-        parent = session.get(Job, rel.parts[0]) if rel.parts else None
-        if parent is None:
-            return None
-        model = parent.model
-    return None
-
-
-def _resolve_model(session: SessionDep, user: CurrentUser, store: Any,
-                   model: str) -> tuple[str, str | None]:
-    """Resolve ``job:<id>/<path>`` (or a model id, ``m...``) to the checkpoint's absolute path.
-
-    Returns:
-        ``(model, family)``: for a reference, the absolute ``.pt`` path and the
-        ``<family>-<size>`` it was trained as; for a name, ``(name, None)``.
-
-    Raises:
-        Problem 422 naming ``model``: a malformed reference, another user's or an unknown
-        job, a path that leaves the job's run directory, or a missing / non-``.pt`` file.
-    """
-    if MODEL_ID_LIKE.fullmatch(model):
-        return resolve_model_id(session, user, model)
-    if not model.startswith("job:"):
-        return model, None
-    m = _JOB_MODEL.fullmatch(model)
-    if m is None:
-        raise Problem(422, f"model: {model!r} is not 'job:<job id>/<artifact path>', e.g. "
-                      "'job:j0123456789abcdef01234567/weights/best.pt'", field="model")
-    ref_id, rel = m["job"], m["path"]
-    ref = session.get(Job, ref_id)
-    if ref is None or (ref.owner_id != user.id and not user.is_admin):
-        raise Problem(422, f"model: job {ref_id!r} not found", field="model")
-    if not rel.endswith(".pt"):
-        raise Problem(422, f"model: {rel!r} is not a checkpoint (.pt)", field="model")
-    path = store.resolve(ref_id, rel)
-    if path is None:
-        raise Problem(422, f"model: job {ref_id} has no artifact {rel!r}", field="model")
-    family = _family_of(session, store, ref.model)
-    if family is None:
-        raise Problem(422, f"model: cannot tell the model family of job {ref_id}",
-                      field="model")
-    return str(path), family
-
-
-def _resolve_data(session: SessionDep, user: CurrentUser, data: str, check: bool, settings: Any) -> str:
-    """Dataset id -> its yaml path; a path must be absolute and allowed by
-    :func:`~service.storage.roots.path_refusal` (dataset roots; never inside the upload or
-    artifact root: uploads are used by id).
-
-    Raises:
-        Problem: 422 naming ``data``: an unknown or another user's dataset id, a dataset
-            whose scan failed (``status: invalid``, with the scan's reason), a path that
-            is not an absolute yaml, or (``check``) one the engine's torch-free
-            :func:`~libreyolo_core.data.config.load_data_config` refuses (missing file,
-            no ``names``, a split folder that does not exist...; its message).
-    """
-    if not data.startswith("/"):
-        ds = session.get(Dataset, data)
-        if ds is None or (ds.owner_id != user.id and not user.is_admin):
-            raise Problem(422, f"data: {data!r} is neither a dataset id nor an absolute yaml "
-                          "path", field="data")
-        if ds.status == "invalid":
-            raise Problem(422, f"data: dataset {data} ({ds.name}) failed its scan: "
-                          f"{_scan_reason(ds.report)}", field="data")
-        return ds.path
-    path = Path(data)
-    if path.suffix not in (".yaml", ".yml"):
-        raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
-    refusal = path_refusal(path, settings)
-    if refusal is not None:
-        raise Problem(422, f"data: {refusal}", field="data")
-    if check:
-        try:
-            load_data_config(path)
-        except DataConfigError as exc:
-            raise Problem(422, f"data: {exc}", field="data") from None
-    return data
-
-
-def _scan_reason(report: dict[str, Any] | None) -> str:
-    """The last line a failed dataset scan printed (its error), or its exit code."""
-    report = report or {}
-    lines = [ln.strip() for ln in str(report.get("error") or report.get("output") or "")
-             .splitlines() if ln.strip()]
-    return lines[-1] if lines else f"the scan exited with {report.get('exit_code')}"
 
 
 @router.post(
@@ -323,14 +131,7 @@ def submit_job(
     Returns:
         The job (201), status ``queued``.
     """
-    gpus = settings.default_gpus if body.gpus is None else body.gpus
-    if gpus not in GPU_COUNTS:
-        raise Problem(422, f"gpus: {gpus} is not one of {', '.join(map(str, GPU_COUNTS))}",
-                      field="gpus")
-    if gpus and body.procs != 1:
-        raise Problem(422, "procs: only a CPU job (gpus=0) sets procs", field="procs")
-    if body.tune is not None and body.kind != "tune":
-        raise Problem(422, f"tune: tune options go with kind tune, not {body.kind}", field="tune")
+    gpus = resolve_gpus(body, settings.default_gpus)
     request_sha = hashlib.sha256(
         json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
     ).hexdigest()
@@ -339,9 +140,9 @@ def submit_job(
         if existing is not None:
             response.status_code = 200
             return job_public(existing, session=session, settings=settings)
-    model, family = _resolve_model(session, user, store, body.model)
-    params = _validate_params(body, gpus, family)
-    data = _resolve_data(session, user, body.data, settings.check_data_paths, settings)
+    model, family = resolve_model(session, user, store, body.model)
+    params = validate_params(body, gpus, family)
+    data = resolve_data(session, user, body.data, settings.check_data_paths, settings)
     if family is None:
         model = resolve_config({"model": body.model}).model
     live = live_queues(session, settings.worker_ttl_s)
@@ -356,7 +157,7 @@ def submit_job(
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
               options=options,
               gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,
-              queue=queue_for(gpus), status="queued", attempt=0,
+              queue=queue_for(gpus), status=JobStatus.QUEUED, attempt=0,
               max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
               idempotency_key=idempotency_key, request_sha256=request_sha,
               cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
@@ -372,7 +173,7 @@ def submit_job(
         response.status_code = 200
         return job_public(existing, session=session, settings=settings)
     append_events(session, job.id, [("status", time.time(), {"event": "status",
-                                                              "status": "queued"})])
+                                                             "status": JobStatus.QUEUED})])
     session.commit()
     session.refresh(job)
     try:
@@ -400,7 +201,7 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
     422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
 def list_jobs(
     user: CurrentUser, session: SessionDep, settings: SettingsDep, request: Request,
-    status: Annotated[list[JobStatus] | None, Query(
+    status: Annotated[list[JobStatusName] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
     kind: Annotated[JobKind | None, Query(description="only jobs of this kind")] = None,
@@ -415,13 +216,7 @@ def list_jobs(
         422: a ``status`` or ``kind`` that is not one of the listed values, or a ``cursor``
             this endpoint did not return.
     """
-    stmt = select(Job).order_by(Job.id.desc()).limit(limit + 1)
-    if not user.is_admin:
-        stmt = stmt.where(Job.owner_id == user.id)
-    if status:
-        stmt = stmt.where(Job.status.in_(set(status)))
-    if kind:
-        stmt = stmt.where(Job.kind == kind)
+    last_id = None
     if cursor:
         try:
             last_id = base64.urlsafe_b64decode(cursor.encode()).decode()
@@ -429,12 +224,9 @@ def list_jobs(
             last_id = ""
         if not re.fullmatch(r"j[0-9a-f]{24}", last_id):
             raise Problem(422, "cursor: not a cursor returned by this endpoint", field="cursor")
-        stmt = stmt.where(Job.id < last_id)
-    rows = list(session.scalars(stmt))
-    next_cursor = None
-    if len(rows) > limit:
-        rows = rows[:limit]
-        next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode()
+    rows, more = job_store.list_jobs(session=session, user=user, statuses=status or (),
+                                     kind=kind, before=last_id, limit=limit)
+    next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode() if more else None
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, rows, live, request.app.state.outlooks)
     return JobsPage(data=[job_public(j, live, session=session, settings=settings,
@@ -442,7 +234,7 @@ def list_jobs(
                     next_cursor=next_cursor)
 
 
-@router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=_NOT_FOUND)
+@router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=OWNED_JOB_ERRORS)
 def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
             request: Request) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
@@ -465,7 +257,7 @@ def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              operation_id="jobs-cancel",
-             responses={**_NOT_FOUND, 409: {"description": "the job already finished"}})
+             responses={**OWNED_JOB_ERRORS, 409: {"description": "the job already finished"}})
 def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Cancel a job.
 
@@ -477,201 +269,11 @@ def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> Job
         409: the job is already succeeded, failed or cancelled.
     """
     job_id = job.id
-    done = transition(session, job_id, ["queued"], "cancelled", cancel_requested=True,
-                      finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
-                      event={"reason": "cancelled while queued"})
-    if not done:
-        transition(session, job_id, ["running"], "cancelling", cancel_requested=True)
+    done = job_store.request_cancel(session=session, job_id=job_id)
     session.commit()
     session.expire_all()
     job = session.get(Job, job_id)
-    if job.status in TERMINAL and not (done and job.status == "cancelled"):
+    if job.status in TERMINAL and not (done and job.status == JobStatus.CANCELLED):
         raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
     return job_public(job, session=session, settings=settings)
 
-
-def _event_public(e: JobEvent) -> EventPublic:
-    return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
-
-
-def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
-    status = session.scalar(select(Job.status).where(Job.id == job_id))
-    rows = session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-        .order_by(JobEvent.seq).limit(limit)
-    ).all()
-    return [_event_public(e) for e in rows], status
-
-
-def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
-    with sessions() as session:
-        return _events_after(session, job_id, after, limit)
-
-
-@router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
-            responses=_NOT_FOUND)
-def list_events(
-    job: OwnedJob, session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-) -> EventsPage:
-    """Events of a job in order (``seq`` 1, 2, 3... without gaps).
-
-    Kinds: ``status`` (service transitions, run_start/run_end), ``metric`` (epoch_start,
-    progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
-    in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
-    """
-    # the request's session: a second one per request deadlocked the pool at 16 clients
-    events, status = _events_after(session, job.id, after, limit)
-    next_after = events[-1].seq if events else after
-    return EventsPage(data=events, next_after=next_after, status=status,
-                      done=status in TERMINAL and len(events) < limit)
-
-
-@router.get(
-    "/{job_id}/events/stream", operation_id="jobs-events-stream",
-    responses={**_NOT_FOUND, 200: {"content": {"text/event-stream": {}},
-                                   "description": "Server-Sent Events"}},
-)
-def stream_events(
-    job: OwnedJob, request: Request, settings: SettingsDep, session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-) -> EventSourceResponse:
-    """Follow a job's events as Server-Sent Events.
-
-    Each event has ``id: <seq>``, ``event: <kind>`` and ``data: <EventPublic JSON>``.
-    Resume after a disconnect with the ``Last-Event-ID`` header (or ``?after=``). Comment
-    pings keep idle connections alive. When the job is terminal and every event was sent,
-    a final ``event: end`` with ``{"status": ..., "last_seq": ...}`` closes the stream;
-    a stream never ends without it.
-    """
-    start = after
-    if last_event_id and last_event_id.strip().isdigit():
-        start = max(start, int(last_event_id.strip()))
-    sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
-    session.close()  # the request's connection goes back to the pool: the stream may last hours
-
-    async def gen():
-        last = start
-        while True:
-            events, status = await anyio.to_thread.run_sync(
-                _fetch_events, sessions, job_id, last, 500)
-            for e in events:
-                last = e.seq
-                yield {"id": str(e.seq), "event": e.kind, "data": e.model_dump_json()}
-            if not events:
-                if status in TERMINAL or status is None:
-                    yield {"event": "end", "data": json.dumps({"status": status,
-                                                               "last_seq": last})}
-                    return
-                await notifier.wait(job_id, last)
-
-    return EventSourceResponse(gen(), ping=int(max(1, settings.sse_ping_s)),
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, operation_id="jobs-logs",
-            responses={**_NOT_FOUND, 200: {"content": {"text/plain": {}}}})
-def get_logs(
-    job: OwnedJob, store: StoreDep,
-    offset: Annotated[int, Query(ge=0, description="byte offset to start from")] = 0,
-    tail: Annotated[int | None, Query(ge=1, le=100_000, description="last N lines only")] = None,
-) -> PlainTextResponse:
-    """The engine's stdout+stderr (``train.log``) as text.
-
-    ``X-Log-Size`` gives the file size in bytes: pass it back as ``offset`` to follow.
-    Empty before the job starts.
-    """
-    path = store.log_path(job.id)
-    if not path.is_file():
-        return PlainTextResponse("", headers={"X-Log-Size": "0"})
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(min(offset, size))
-        data = f.read()
-    text = data.decode("utf-8", errors="replace")
-    if tail:
-        text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
-    return PlainTextResponse(text, headers={"X-Log-Size": str(size)})
-
-
-@router.get("/{job_id}/artifacts", response_model=ArtifactsList, operation_id="jobs-artifacts",
-            responses=_NOT_FOUND)
-def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> ArtifactsList:
-    """Files of the job's run directory: path, kind, size and sha256.
-
-    Recorded (with sha256) when the job finishes; while it runs the files on disk are
-    listed without sha256.
-    """
-    rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id)
-                           .order_by(Artifact.path)).all()
-    url = f"/v1/jobs/{job.id}/artifacts/"
-    if rows:
-        for a in rows:  # a file rewritten since it was recorded is listed with its new digest
-            file = store.resolve(job.id, a.path)
-            if file is not None:
-                _artifact_digest(session, a, file)
-        data = [ArtifactPublic(path=a.path, kind=a.kind, size_bytes=a.size_bytes,
-                               sha256=a.sha256, url=url + a.path) for a in rows]
-    else:
-        from service.storage import artifact_kind
-
-        data = [ArtifactPublic(path=rel, kind=artifact_kind(rel), size_bytes=p.stat().st_size,
-                               sha256=None, url=url + rel) for rel, p in store.list_files(job.id)]
-    return ArtifactsList(data=data)
-
-
-@router.api_route(
-    "/{job_id}/artifacts/{path:path}", methods=["GET", "HEAD"], operation_id="jobs-artifact-download",
-    responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
-               206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
-)
-def download_artifact(
-    job: OwnedJob, path: str, session: SessionDep, store: StoreDep,
-    if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
-) -> Response:
-    """Download one artifact (path relative to the run dir, e.g. ``weights/best.pt``);
-    ``HEAD`` gives the same headers without the body.
-
-    The ``ETag`` (``"<sha256>"``), ``X-Content-SHA256`` and ``Repr-Digest`` describe the
-    bytes served: a file changed since its digest was recorded (a resume rewrote
-    ``last.pt``) is hashed again and its record updated. ``If-None-Match`` gives 304 only
-    for the current ETag; ``Range`` gives 206, unless ``If-Range`` carries another
-    validator (then the whole file, 200). ``timeline.html`` is served inline as HTML under
-    a Content-Security-Policy that blocks all network access; every other file is an
-    attachment. See :mod:`service.api.files`.
-
-    Raises:
-        404: no such file, or the path leaves the run directory (``..``, absolute, symlink).
-    """
-    file = store.resolve(job.id, path)
-    if file is None:
-        raise Problem(404, f"artifact {path!r} not found in job {job.id}")
-    rel = file.relative_to(store.run_dir(job.id).resolve()).as_posix()
-    row = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == rel))
-    digest = _artifact_digest(session, row, file) if row is not None else None
-    if file.name == "timeline.html":
-        return serve_file(file, digest, if_none_match, media_type="text/html; charset=utf-8",
-                          disposition="inline", headers={"Content-Security-Policy": TIMELINE_CSP})
-    return serve_file(file, digest, if_none_match)
-
-
-def _artifact_digest(session: SessionDep, row: Artifact, file: Path) -> FileDigest:
-    """The artifact's digest now; a changed file's new sha256 and size are stored."""
-    digest = current_digest(file, RecordedDigest(row.sha256, row.size_bytes, row.created_at))
-    if digest.changed:
-        log.info("artifact %s of job %s changed on disk since it was recorded: sha256 %s -> %s",
-                 row.path, row.job_id, row.sha256[:12], digest.sha256[:12])
-        row.sha256, row.size_bytes, row.created_at = digest.sha256, digest.size, utcnow()
-        session.commit()
-    elif _stale_record(row, digest):
-        row.created_at = utcnow()  # touched, same bytes: skip the hash next time
-        session.commit()
-    return digest
-
-
-def _stale_record(row: Artifact, digest: FileDigest) -> bool:
-    at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
-    return digest.stat.st_mtime > at.timestamp()

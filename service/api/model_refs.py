@@ -16,6 +16,7 @@ from service.api.problems import Problem
 from service.db.models import Model, User
 from service.settings import Settings
 from service.storage.models import ModelStore
+from service.users import owns
 
 __all__ = ["MODEL_ID", "MODEL_ID_LIKE", "OTHER_MODEL_FORMS", "describe_model_ref", "family_of_path", "model_store",
            "resolve_model_id", "visible"]
@@ -38,7 +39,7 @@ def model_store(settings: Settings) -> ModelStore:
 
 def visible(model: Model | None, user: User) -> bool:
     """True when ``model`` exists and ``user`` owns it or is an admin."""
-    return model is not None and (model.owner_id == user.id or user.is_admin)
+    return model is not None and owns(user, model.owner_id)
 
 
 def resolve_model_id(session: Session, user: User, model_id: str) -> tuple[str, str]:

@@ -27,7 +27,8 @@ from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep
 from service.api.files import RecordedDigest, current_digest, serve_file
 from service.api.model_refs import model_store, visible
 from service.api.problems import Problem
-from service.db.models import ACTIVE, Job, Model, User, new_id
+from service.db.models import Job, Model, User, new_id
+from service.lifecycle import ACTIVE, JobStatus
 from service.settings import Settings
 from service.storage.models import WeightsRejected, inspect_in_child
 
@@ -253,7 +254,7 @@ def delete_model(model: OwnedModel, session: SessionDep) -> Response:
         409: a queued or running job starts from this model (cancel it first).
     """
     busy = session.scalar(select(Job.id).where(Job.model == model.path,
-                                               Job.status.in_(("queued", *ACTIVE))))
+                                               Job.status.in_((JobStatus.QUEUED, *ACTIVE))))
     if busy is not None:
         raise Problem(409, f"model {model.id} is used by job {busy}, which has not finished",
                       job_id=busy)
@@ -280,7 +281,7 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
     Raises:
         409: the job has not succeeded, or has no ``weights/best.pt``.
     """
-    if job.status != "succeeded":
+    if job.status != JobStatus.SUCCEEDED:
         raise Problem(409, f"job {job.id} is {job.status}: only a succeeded job can be "
                       "published", status_now=job.status)
     best = request.app.state.store.resolve(job.id, "weights/best.pt")

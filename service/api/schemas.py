@@ -7,14 +7,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.lifecycle import JobStatus
+
 __all__ = [
-    "JobStatus", "JobKind", "TuneOptionsIn", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
+    "JobStatusName", "JobKind", "TuneOptionsIn", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
     "ArtifactsList", "DatasetRegister", "DatasetPublic", "DatasetsPage",
 ]
 
 
-#: A job's status (the status machine of docs/architecture.md).
-JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+#: A job's status as the API says it: the values of :class:`service.lifecycle.JobStatus`
+#: (a Literal, so the OpenAPI document lists them inline).
+JobStatusName = Literal[tuple(s.value for s in JobStatus)]
 #: What a job does.
 JobKind = Literal["train", "profile", "tune"]
 
@@ -80,7 +83,7 @@ class JobPublic(BaseModel):
     procs: int
     priority: int
     queue: str
-    status: JobStatus
+    status: JobStatusName
     attempt: int = Field(description="runs started so far (1 on the first run)")
     max_attempts: int
     cancel_requested: bool

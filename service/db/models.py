@@ -27,9 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-TERMINAL = ("succeeded", "failed", "cancelled")
-ACTIVE = ("running", "cancelling")
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
+from service.lifecycle import JobStatus
 
 
 def utcnow() -> datetime:
@@ -109,7 +107,7 @@ class Job(Base):
     procs: Mapped[int] = mapped_column(Integer, default=1)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     queue: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)

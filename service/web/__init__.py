@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from service.web.models_pages import router as models_router
-from service.web.pages import router
+from service.web.routes import router
 
 __all__ = ["install", "router", "STATIC_DIR"]
 

@@ -9,7 +9,8 @@ from sqlalchemy import select
 
 from service.api.deps import SessionDep, SettingsDep
 from service.db.models import Job, Model
-from service.web.pages import _base_context, _render, _to_signin, page_user
+from service.users import owns, visible_to
+from service.web.routes import base_context, page_user, render, to_signin
 
 __all__ = ["router"]
 
@@ -21,12 +22,10 @@ def models_page(request: Request, session: SessionDep, settings: SettingsDep) ->
     """Your models (admins: everyone's), newest first: family, classes, size, source."""
     user = page_user(request, session, settings)
     if user is None:
-        return _to_signin(request)
-    stmt = select(Model).order_by(Model.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Model.owner_id == user.id)
-    return _render(request, "models.html", {**_base_context(request, user, "models"),
-                                            "models": list(session.scalars(stmt))})
+        return to_signin(request)
+    stmt = visible_to(select(Model).order_by(Model.id.desc()), Model.owner_id, user)
+    return render(request, "models.html", {**base_context(request, user, "models"),
+                                           "models": list(session.scalars(stmt))})
 
 
 @router.get("/models/{model_id}", response_class=HTMLResponse)
@@ -35,15 +34,15 @@ def model_page(model_id: str, request: Request, session: SessionDep, settings: S
     """One model: what the service read from the file, its jobs, download and delete."""
     user = page_user(request, session, settings)
     if user is None:
-        return _to_signin(request)
+        return to_signin(request)
     model = session.get(Model, model_id)
-    if model is None or (model.owner_id != user.id and not user.is_admin):
-        return _render(request, "error.html", {
-            **_base_context(request, user, "models"), "title": "Model not found",
+    if model is None or not owns(user, model.owner_id):
+        return render(request, "error.html", {
+            **base_context(request, user, "models"), "title": "Model not found",
             "message": f"There is no model {model_id} among your models."}, status_code=404)
     jobs = list(session.scalars(select(Job).where(Job.model == model.path)
                                 .order_by(Job.id.desc()).limit(50)))
     source_job = model.source.removeprefix("job:") if model.source.startswith("job:") else None
-    return _render(request, "model.html", {**_base_context(request, user, "models"),
-                                           "model": model, "jobs": jobs,
-                                           "source_job": source_job})
+    return render(request, "model.html", {**base_context(request, user, "models"),
+                                          "model": model, "jobs": jobs,
+                                          "source_job": source_job})

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from testkit import client
 
-from service.web.pages import PAGE_CSP
+from service.web.routes import PAGE_CSP
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ def test_sdk_and_cli_text():
 def test_page_text_and_the_jobs_list():
     from libreyolo_client._models import JobInfo
     from libreyolo_client.cli import _summary
-    from service.web.pages import _progress
+    from service.web.views import job_progress
 
     job = SimpleNamespace(status="running", progress=VALIDATING, queue="cpu")
-    assert _progress(job)[1] == "epoch 3/3 · validating 2/4"
+    assert job_progress(job)[1] == "epoch 3/3 · validating 2/4"
     job.progress = TRAINING
-    assert _progress(job)[1] == "epoch 2/3 · step 5/8 · ETA 40 s"  # the ETA of the progress
+    assert job_progress(job)[1] == "epoch 2/3 · step 5/8 · ETA 40 s"  # the ETA of the progress
     info = JobInfo(id="j1", kind="train", model="yolo9-t", data="d.yaml", status="running",
                    progress=VALIDATING)
     assert _summary(info) == "epoch 3/3  validating 2/4"
@@ -40,12 +40,12 @@ PROFILING = {"phase": "profiling", "step": 7, "steps": 25, "warmup": 5, "measure
 def test_a_profile_job_shows_its_window_not_an_epoch():
     from libreyolo_client._models import JobInfo
     from libreyolo_client.cli import _summary
-    from service.web.pages import _progress
+    from service.web.views import job_progress
 
     text = "profile window step 7/25 (5 warm-up + 20 measured)"
     assert progress_text(PROFILING) == text + "  eta 9s"
     job = SimpleNamespace(status="running", progress=PROFILING, queue="cpu")
-    assert _progress(job) == (28.0, text)
+    assert job_progress(job) == (28.0, text)
     info = JobInfo(id="j2", kind="profile", model="yolo9-t", data="d.yaml", status="running",
                    progress=PROFILING)
     assert _summary(info) == text + "  eta 9s"
@@ -54,25 +54,25 @@ def test_a_profile_job_shows_its_window_not_an_epoch():
 def test_profile_lever_in_the_sdk_and_on_the_page():
     from libreyolo_client import Job
     from libreyolo_client._models import JobInfo
-    from service.web.pages import _lever_text
+    from service.web.formatting import lever_text
 
     lever = {"verdict": "dataloader", "params": {"workers": 8, "cache": "ram"},
              "why": "the step waits for data", "also": ["lighter augmentation"]}
     info = JobInfo(id="j1", kind="profile", model="yolo9-t", data="d.yaml", status="succeeded",
                    result={"verdict": "dataloader", "lever": lever})
     assert Job(None, info).lever["params"] == {"workers": 8, "cache": "ram"}
-    assert _lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
-                                  "lighter augmentation")
+    assert lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
+                                 "lighter augmentation")
     assert Job(None, info.model_copy(update={"result": {}})).lever == {}
 
 
 def test_profile_confidence_on_the_page():
-    from service.web.pages import _confidence_text
+    from service.web.formatting import confidence_text
 
-    assert _confidence_text(None) is None  # a profile from before confidence was recorded
-    assert _confidence_text({"reliable": True, "reasons": []})[0] is True
-    ok, text = _confidence_text({"reliable": False, "reasons": ["other processes took 54%"],
-                                 "advice": "profile again with --repeat 3"})
+    assert confidence_text(None) is None  # a profile from before confidence was recorded
+    assert confidence_text({"reliable": True, "reasons": []})[0] is True
+    ok, text = confidence_text({"reliable": False, "reasons": ["other processes took 54%"],
+                                "advice": "profile again with --repeat 3"})
     assert not ok and text == ("unreliable: other processes took 54%. profile again with "
                                "--repeat 3")
 
@@ -84,16 +84,16 @@ TUNING = {"phase": "tuning", "candidate": "cache=ram", "candidate_index": 2, "ca
 def test_a_tune_job_shows_its_candidate_and_trial():
     from libreyolo_client._models import JobInfo
     from libreyolo_client.cli import _summary
-    from service.web.pages import _progress
+    from service.web.views import job_progress
 
     assert progress_text(TUNING) == ("tuning cache=ram (candidate 2 of 4)  trial 1/3  "
                                      "7/15 trials done  eta 60s")
     job = SimpleNamespace(status="running", progress=TUNING, queue="cpu", result=None)
-    pct, text = _progress(job)
+    pct, text = job_progress(job)
     assert round(pct) == 47 and text == ("tuning: cache=ram (candidate 2 of 4) · trial 1/3 · "
                                          "7 of 15 trials done")
     job.status, job.result = "succeeded", {"tune": {"trials_run": 15}}
-    assert _progress(job) == (100.0, "tune succeeded: 15 trials run")
+    assert job_progress(job) == (100.0, "tune succeeded: 15 trials run")
     info = JobInfo(id="j3", kind="tune", model="yolo9-t", data="d.yaml", status="running",
                    progress=TUNING)
     assert _summary(info).startswith("tuning cache=ram")

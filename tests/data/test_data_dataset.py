@@ -12,10 +12,12 @@ import torch
 from data_helpers import write_image
 from PIL import Image
 
+from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import augment as A
 from libreyolo_core.data import dataset as dataset_mod
-from libreyolo_core.data.dataset import YOLODataset, resolve_hyp
-from libreyolo_core.data.scan import DatasetWarning, scan_images
+from libreyolo_core.data.dataset import YOLODataset
+from libreyolo_core.data.report import DatasetWarning
+from libreyolo_core.data.scan import scan_images
 
 COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)]
 SIZES = [(40, 90), (120, 60), (200, 200), (30, 30), (64, 100), (90, 50)]  # (h, w)
@@ -95,17 +97,9 @@ def test_augmented_boxes_follow_objects(boxes_report, degrees, monkeypatch) -> N
     # keep every box with area (no candidate filter) so no visible object lacks its box
     monkeypatch.setattr(A, "box_candidates", lambda b, a: (a[:, 2] > a[:, 0]) & (a[:, 3] > a[:, 1]))
     monkeypatch.setattr(dataset_mod, "MIN_BOX_SIDE", 0.0)
-    hyp = {
-        "mosaic": 1.0,
-        "mixup": 0.0,
-        "hsv_prob": 0.0,
-        "degrees": degrees,
-        "shear": 0.0,
-        "scale": (0.5, 1.5),
-        "fliplr": 0.5,
-        "flipud": 0.5,
-    }
-    ds = YOLODataset(boxes_report, S, augment=True, hyp=hyp)
+    aug = AugmentConfig(mosaic=1.0, mixup=0.0, hsv_prob=0.0, degrees=degrees, shear=0.0,
+                        scale=(0.5, 1.5), fliplr=0.5, flipud=0.5)
+    ds = YOLODataset(boxes_report, S, augment=True, aug=aug)
     n_boxes = 0
     for epoch in range(3):
         ds.set_epoch(epoch)
@@ -120,9 +114,9 @@ def test_augmented_boxes_follow_objects(boxes_report, degrees, monkeypatch) -> N
 
 
 def test_augmentation_is_pure_function_of_seed_rank_epoch_index(boxes_report) -> None:
-    hyp = {"mixup": 0.5}
-    a = YOLODataset(boxes_report, S, augment=True, hyp=hyp, seed=3)
-    b = YOLODataset(boxes_report, S, augment=True, hyp=hyp, seed=3)
+    aug = AugmentConfig(mixup=0.5)
+    a = YOLODataset(boxes_report, S, augment=True, aug=aug, seed=3)
+    b = YOLODataset(boxes_report, S, augment=True, aug=aug, seed=3)
 
     def same(x, y) -> bool:
         return torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
@@ -132,16 +126,16 @@ def test_augmentation_is_pure_function_of_seed_rank_epoch_index(boxes_report) ->
     assert same(a[2], b[2]) and same(a[2], a[2])
     b.set_epoch(6)
     assert not same(a[2], b[2])
-    c = YOLODataset(boxes_report, S, augment=True, hyp=hyp, seed=3, rank=1)
+    c = YOLODataset(boxes_report, S, augment=True, aug=aug, seed=3, rank=1)
     c.set_epoch(5)
     assert not same(a[2], c[2])
-    d = YOLODataset(boxes_report, S, augment=True, hyp=hyp, seed=4)
+    d = YOLODataset(boxes_report, S, augment=True, aug=aug, seed=4)
     d.set_epoch(5)
     assert not same(a[2], d[2])
 
 
 def test_close_mosaic(boxes_report) -> None:
-    ds = YOLODataset(boxes_report, S, augment=True, hyp={"mosaic": 1.0, "mixup": 1.0})
+    ds = YOLODataset(boxes_report, S, augment=True, aug=AugmentConfig(mosaic=1.0, mixup=1.0))
     assert ds.mosaic_enabled and ds[0][2]["mosaic"] is True
     ds.close_mosaic()
     assert not ds.mosaic_enabled
@@ -150,18 +144,26 @@ def test_close_mosaic(boxes_report) -> None:
     assert "mosaic=False" in repr(ds)
 
 
-def test_hyp_validation() -> None:
-    assert resolve_hyp({"scale": 0.5, "unknown": 1, "mixup_scale": (0.5, 1.5)})["scale"] == (
-        0.5,
-        1.5,
-    )
-    assert resolve_hyp(None)["hsv_h"] == 5.0
+def test_augment_config_validation() -> None:
+    assert AugmentConfig(scale=0.5).scale == (0.5, 1.5)
+    assert AugmentConfig().hsv_h == 5.0
     with pytest.raises(ValueError, match="mosaic"):
-        resolve_hyp({"mosaic": 1.5})
+        AugmentConfig(mosaic=1.5)
     with pytest.raises(ValueError, match="scale"):
-        resolve_hyp({"scale": (0, 1)})
+        AugmentConfig(scale=(0, 1))
     with pytest.raises(ValueError, match="degrees"):
-        resolve_hyp({"degrees": -1})
+        AugmentConfig(degrees=-1)
+    with pytest.raises(ValueError, match="mixup_scale"):
+        AugmentConfig(mixup_scale=(0.5, 1.5))  # not a dataset key
+
+
+def test_train_config_hands_its_validated_augmentation_down() -> None:
+    from libreyolo_core.config import resolve_config
+
+    cfg = resolve_config({"model": "yolo9-t", "mosaic": 0.5, "scale": 0.25})
+    assert cfg.augment == AugmentConfig(mosaic=0.5, scale=(0.75, 1.25), mixup=0.0, degrees=0.0, shear=0.0)
+    # one declaration: TrainConfig's fields are AugmentConfig's (default, range, description)
+    assert all(repr(type(cfg).model_fields[k]) == repr(f) for k, f in AugmentConfig.model_fields.items())
 
 
 def test_constructor_errors(boxes_report) -> None:

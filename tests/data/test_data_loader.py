@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
+from libreyolo_core.config import AugmentConfig
 from libreyolo_core.data import (
     Batch,
     YOLODataset,
@@ -56,9 +57,9 @@ def test_collate_layout() -> None:
 
 
 def test_workers_see_epoch_and_close_mosaic_and_match_workers_0(report) -> None:
-    hyp = {"mosaic": 1.0, "mixup": 0.0}
-    ds0 = YOLODataset(report, S, augment=True, hyp=hyp, seed=7)
-    ds2 = YOLODataset(report, S, augment=True, hyp=hyp, seed=7)
+    aug = AugmentConfig(mosaic=1.0, mixup=0.0)
+    ds0 = YOLODataset(report, S, augment=True, aug=aug, seed=7)
+    ds2 = YOLODataset(report, S, augment=True, aug=aug, seed=7)
     l0 = build_dataloader(ds0, batch_size=4, workers=0, shuffle=True, seed=7)
     l2 = build_dataloader(ds2, batch_size=4, workers=2, shuffle=True, seed=7)
     assert l2.num_workers == 2 and l2.persistent_workers and not l0.persistent_workers

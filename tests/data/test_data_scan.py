@@ -12,15 +12,9 @@ from data_helpers import write_image
 from PIL import Image
 
 from libreyolo_core.data.config import load_data_config
-from libreyolo_core.data.scan import (
-    DEFECT_KINDS,
-    DatasetError,
-    DatasetWarning,
-    format_report,
-    label_path_for,
-    scan_images,
-    scan_split,
-)
+from libreyolo_core.data.labels import label_path_for
+from libreyolo_core.data.report import DEFECT_KINDS, DatasetError, DatasetWarning, format_report
+from libreyolo_core.data.scan import scan_images, scan_split
 
 GOOD = "0 0.5 0.5 0.2 0.2\n"
 

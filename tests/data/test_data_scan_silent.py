@@ -14,7 +14,8 @@ from PIL import Image
 from libreyolo_core.data.config import load_data_config
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.image import load_image
-from libreyolo_core.data.scan import DatasetWarning, format_report, scan_split
+from libreyolo_core.data.report import DatasetWarning, format_report
+from libreyolo_core.data.scan import scan_split
 
 GOOD = "0 0.5 0.5 0.2 0.2\n"
 
@@ -42,7 +43,7 @@ def test_truncated_image_is_repaired_and_used_with_a_warning(yolo_dataset, fmt) 
     assert len(msgs) == 1 and msgs[0].startswith(f"{bad}: ") and "missing part grey and used" in msgs[0]
     with pytest.raises(OSError, match="truncated"):
         load_image(bad)  # strict by default (predict names the file)
-    ds = YOLODataset(report, 64, augment=False, hyp={})
+    ds = YOLODataset(report, 64, augment=False)
     img, labels, _ = ds[[r.im_file for r in report.records].index(bad)]
     assert img.shape == (3, 64, 64) and len(labels) == 1
 

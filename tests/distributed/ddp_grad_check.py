@@ -27,7 +27,7 @@ from libreyolo_core.distributed.context import (
     init_distributed,
     mean_normalizer,
 )
-from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.models.registry import parse_model_name
 
 
 def batch(n: int = 8, imgsz: int = 128, nc: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,8 +58,7 @@ def bn_eval(model: nn.Module) -> nn.Module:
 
 def main(name: str, out: str) -> None:
     ctx, device = init_distributed("cpu")
-    spec, size = parse_model_name(name)
-    family = load_family(spec)
+    family, size = parse_model_name(name)
     torch.manual_seed(0)
     model = bn_eval(family.build_model(size, 4))
     images, targets = batch()
@@ -75,7 +74,7 @@ def main(name: str, out: str) -> None:
     ddp = DistributedDataParallel(model)
     loss, _ = loss_fn(ddp(family.preprocess(images[mine])), shard_targets, len(mine))
     # the trainer's rule: times the global micro-batch for families that scale by batch, else 1
-    by_batch = spec.scale_loss_by_batch
+    by_batch = family.scale_loss_by_batch
     (loss * (len(mine) * ctx.world_size if by_batch else 1)).backward()
     got = gradients(model)
 

@@ -28,7 +28,7 @@ from libreyolo_core.config import resolve_config
 from libreyolo_core.distributed.spawn import spawn_train
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.events import read_events
-from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.models.registry import parse_model_name
 
 pytestmark = pytest.mark.slow
 
@@ -106,9 +106,9 @@ def test_torchrun_two_ranks_train_like_one_process(sample_yaml, tmp_path, one_pr
 
 
 def test_spawn_two_cpu_processes_train_like_one_process(sample_yaml, tmp_path, one_process):
-    spec, size = parse_model_name("yolo9-t")
+    family, size = parse_model_name("yolo9-t")
     torch.manual_seed(0)  # the weights LibreYOLO("yolo9-t").train builds for seed 0
-    model = load_family(spec).build_model(size, 4)
+    model = family.build_model(size, 4)
     cfg = resolve_config({"model": "yolo9-t", "data": str(sample_yaml), "project": str(tmp_path / "runs"),
                           **RUN})
     result = spawn_train(cfg, 2, model=model, nc=4)

@@ -10,7 +10,6 @@ path (``capture_network``) runs only where CUDA exists.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import types
 
@@ -178,7 +177,7 @@ def test_cpu_writes_one_line_and_stays_eager(caplog):
         ({"distributed": False, "distillation": True}, "distillation runs are not supported"),
         (
             {"distributed": False,
-             "family": dataclasses.replace(get_family("yolo9"), cuda_graph=False)},
+             "family": types.SimpleNamespace(title="YOLOv9", cuda_graph=False)},
             "YOLOv9 does not support training capture",
         ),
     ],
@@ -313,10 +312,10 @@ def test_close_mosaic_signal_invalidates_the_manager():
     emitted = []
     fake = types.SimpleNamespace(
         train_set=types.SimpleNamespace(close_mosaic=lambda: None),
-        family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True),
+        family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True, title="YOLOX"),
         model=m.model, loss_fn=None, cfg=types.SimpleNamespace(epochs=10),
         events=types.SimpleNamespace(emit=lambda kind, **kw: emitted.append(kind)),
-        spec=get_family("yolo9"), cuda_graph=m,
+        cuda_graph=m,
     )
     Trainer._close_mosaic(fake, 7)
     assert emitted == ["captured_region_changed"] and m.state == "counting" and m.key is None
@@ -382,7 +381,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _yolo9_setup(batch=2, imgsz=128):
-    from libreyolo_core.models import yolo9
+    yolo9 = get_family("yolo9")
 
     torch.manual_seed(0)
     model = yolo9.build_model("t", 3).cuda().train()

@@ -13,6 +13,7 @@ import yaml
 
 from libreyolo_core import LibreYOLO
 from libreyolo_core.data.sample import generate_sample_dataset
+from libreyolo_core.models import get_family
 
 # no augmentation, one step per epoch, validation only at the end: the test measures what the
 # weights bring, in as few CPU steps as it can
@@ -58,7 +59,7 @@ def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
 def test_freeze_keeps_weights_and_batchnorm_statistics(tmp_path):
     pre_data, _ = _datasets(tmp_path)
     from libreyolo_core.engine.checkpoint import save_checkpoint
-    from libreyolo_core.models.yolox import build_model
+    build_model = get_family("yolox").build_model
 
     net = build_model("n", 4)
     before = {k: v.clone() for k, v in net.state_dict().items()}
@@ -77,7 +78,7 @@ def test_freeze_keeps_weights_and_batchnorm_statistics(tmp_path):
 def test_freeze_config_is_validated(tmp_path):
     from libreyolo_core.config import TrainConfig
     from libreyolo_core.engine.freeze import FreezeError, blocks, freeze_modules
-    from libreyolo_core.models.yolo9 import build_model
+    build_model = get_family("yolo9").build_model
 
     assert TrainConfig(freeze="10").freeze == 10 and TrainConfig(freeze="backbone,neck.up1").freeze == [
         "backbone", "neck.up1"]

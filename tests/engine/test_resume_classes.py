@@ -10,7 +10,7 @@ import torch
 
 from libreyolo_core.config import resolve_config
 from libreyolo_core.engine.checkpoint import save_checkpoint
-from libreyolo_core.models.registry import load_family, parse_model_name
+from libreyolo_core.models.registry import parse_model_name
 
 
 def _dataset(root, names):
@@ -27,8 +27,8 @@ def _dataset(root, names):
 def test_resume_with_another_class_count_fails_before_the_scan(tmp_path):
     three = _dataset(tmp_path / "three", ["cat", "dog", "fox"])
     four = _dataset(tmp_path / "four", ["cat", "dog", "fox", "owl"])
-    spec, size = parse_model_name("yolo9-t")
-    model = load_family(spec).build_model(size, 3)
+    family, size = parse_model_name("yolo9-t")
+    model = family.build_model(size, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     cfg = resolve_config({"model": "yolo9-t", "data": str(three), "epochs": 3})
     last = tmp_path / "runs" / "exp" / "weights" / "last.pt"

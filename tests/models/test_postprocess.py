@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from libreyolo_core.models import get_family
 from libreyolo_core.models import postprocess as pp
-from libreyolo_core.models import yolo9
+
+yolo9 = get_family("yolo9")
 
 
 def make_decoded(rows: list[tuple[list[float], list[float]]]) -> torch.Tensor:
@@ -18,18 +20,18 @@ def make_decoded(rows: list[tuple[list[float], list[float]]]) -> torch.Tensor:
 
 def test_multi_label_keeps_every_class_above_conf():
     dec = make_decoded([([0, 0, 10, 10], [0.9, 0.6, 0.1]), ([50, 50, 60, 60], [0.2, 0.3, 0.25])])
-    (out,) = pp.postprocess_yolo9(dec, conf=0.25, iou=0.5, max_det=10)
+    (out,) = pp.select_detections(dec, conf=0.25, iou=0.5, max_det=10)
     assert out.shape == (3, 6) and out.dtype == torch.float32
     assert out[:, 4].tolist() == pytest.approx([0.9, 0.6, 0.3])  # sorted by score
     assert out[:, 5].tolist() == [0, 1, 1]
     assert out[0, :4].tolist() == [0, 0, 10, 10]
-    (single,) = pp.postprocess_yolo9(dec, conf=0.25, iou=0.5, max_det=10, multi_label=False)
+    (single,) = pp.select_detections(dec, conf=0.25, iou=0.5, max_det=10, multi_label=False)
     assert single[:, 5].tolist() == [0, 1] and single[:, 4].tolist() == pytest.approx([0.9, 0.3])
 
 
 def test_conf_is_strict_and_empty_output_shape():
     dec = make_decoded([([0, 0, 10, 10], [0.25, 0.1])])
-    (out,) = pp.postprocess_yolo9(dec, conf=0.25, iou=0.5, max_det=10)
+    (out,) = pp.select_detections(dec, conf=0.25, iou=0.5, max_det=10)
     assert out.shape == (0, 6)
 
 
@@ -42,7 +44,7 @@ def test_nms_suppresses_same_class_duplicates_only():
             ([100, 100, 130, 130], [0.6, 0.0]),  # elsewhere: kept
         ]
     )
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=10)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=10)
     assert out[:, 4].tolist() == pytest.approx([0.9, 0.7, 0.6])
     assert out[:, 5].tolist() == [0, 1, 0]
 
@@ -55,19 +57,19 @@ def test_caps_and_non_finite_rows(monkeypatch):
     scores = torch.rand(n, 1, generator=g) * 0.5 + 0.5
     boxes[3] = float("nan")
     dec = torch.cat((boxes, scores), 1).T[None]
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=300)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=300)
     assert out.shape[0] == n - 1 and torch.isfinite(out).all()
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=7)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=7)
     assert out.shape[0] == 7
     top = scores[torch.arange(n) != 3, 0].sort(descending=True).values[:7]
     assert out[:, 4].tolist() == pytest.approx(top.tolist())
     # pre-NMS candidate cap: only the highest max(max_det, cap) scores enter NMS
     monkeypatch.setattr(pp, "MAX_NMS_CANDIDATES", 10)
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=5)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=5)
     assert out.shape[0] == 5
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=1)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=1)
     assert out.shape[0] == 1
-    (out,) = pp.postprocess_yolo9(dec, conf=0.1, iou=0.5, max_det=20)
+    (out,) = pp.select_detections(dec, conf=0.1, iou=0.5, max_det=20)
     assert out.shape[0] <= 20
 
 
@@ -78,9 +80,9 @@ def test_batch_and_family_wrapper():
     res = yolo9.postprocess((dec, []), conf=0.25, iou=0.45, max_det=300)
     assert len(res) == 2 and res[0].shape == (1, 6) and res[1].shape == (0, 6)
     with pytest.raises(ValueError):
-        pp.postprocess_yolo9(dec[:, :4], 0.25, 0.45, 300)
+        pp.select_detections(dec[:, :4], 0.25, 0.45, 300)
     with pytest.raises(ValueError):
-        pp.postprocess_yolo9(dec, 0.25, 0.45, 0)
+        pp.select_detections(dec, 0.25, 0.45, 0)
 
 
 def test_scale_boxes_inverts_letterbox():

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from libreyolo_core.engine.checkpoint import save_checkpoint
-from libreyolo_core.models.registry import get_family, load_family
+from libreyolo_core.models.registry import get_family
 from libreyolo_core.weights import inspect_weights, load_weights
 from libreyolo_core.weights.names import to_libreyolo
 
@@ -81,7 +81,7 @@ def _input(imgsz: int, family: str) -> torch.Tensor:
 @pytest.mark.parametrize("size", ["t", "s"])
 def test_yolo9_name_map_pairs_libreyolo_module_order(size):
     """The name table equals LibreYOLO's tensor names position by position, shapes equal."""
-    ours = load_family(get_family("yolo9")).build_model(size, 80).state_dict()
+    ours = get_family("yolo9").build_model(size, 80).state_dict()
     theirs = _reference(f"yolo9-{size}").model.state_dict()
     renamed = to_libreyolo("yolo9", ours)
     assert list(renamed) == list(theirs)
@@ -109,7 +109,7 @@ def test_libreyolo_checkpoint_into_ours(name, tmp_path):
 @pytest.mark.parametrize("name", MODELS)
 def test_our_checkpoint_into_libreyolo(name, tmp_path):
     family, size = name.split("-")
-    ours = load_family(get_family(family)).build_model(size, 3)
+    ours = get_family(family).build_model(size, 3)
     _randomise(ours, seed=2)
     ours.eval()
     path = save_checkpoint({"libreyolo_version": "0.1", "model_family": family, "size": size, "task": "detect",

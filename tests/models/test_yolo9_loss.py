@@ -6,9 +6,11 @@ import pytest
 import torch
 from torchvision.ops import complete_box_iou_loss
 
-from libreyolo_core.models import yolo9
+from libreyolo_core.models import get_family
 from libreyolo_core.models.common import bbox_ciou, make_anchors
 from libreyolo_core.models.yolo9.loss import TaskAlignedAssigner, pad_targets
+
+yolo9 = get_family("yolo9")
 
 
 @pytest.fixture(autouse=True)

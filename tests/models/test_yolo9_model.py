@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from libreyolo_core.models import yolo9
+from libreyolo_core.models import get_family
 from libreyolo_core.models.common import Conv, dist2bbox, make_anchors
 from libreyolo_core.models.flops import model_info
 from libreyolo_core.models.yolo9.nn import RepConvN
+
+yolo9 = get_family("yolo9")
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +57,7 @@ def test_build_model_rejects_bad_args():
         yolo9.build_model("x", 80)
     with pytest.raises(ValueError, match="nc"):
         yolo9.build_model("t", 0)
-    assert yolo9.SIZES == ("t", "s")
+    assert tuple(yolo9.sizes) == ("t", "s")
 
 
 def test_train_mode_returns_raw_maps(model_t):

@@ -7,11 +7,13 @@ import math
 import pytest
 import torch
 
-from libreyolo_core.models import yolox
-from libreyolo_core.models.registry import load_family, parse_model_name
-from libreyolo_core.models.yolox import SimOTAAssigner, YOLOXLoss, box_iou_cxcywh
+from libreyolo_core.models import get_family
+from libreyolo_core.models.registry import parse_model_name
+from libreyolo_core.models.yolox.loss import SimOTAAssigner, YOLOXLoss, box_iou_cxcywh
 
-# reference spec F.2, measured on the reference code at 80 classes
+yolox = get_family("yolox")
+
+# measured on the reference implementation (Megvii YOLOX) at 80 classes
 PARAMS = {"n": 912_159, "t": 5_055_855, "s": 8_968_255}
 
 
@@ -25,7 +27,7 @@ def test_param_counts_match_the_reference(size):
 def test_registry_and_family_protocol():
     spec, size = parse_model_name("yolox-t")
     assert (spec.title, size) == ("YOLOX", "t")
-    assert load_family(spec) is yolox
+    assert spec is yolox
     d = spec.defaults("n")
     assert d["imgsz"] == 416 and spec.defaults("s")["imgsz"] == 640
     assert d["momentum"] == 0.9 and d["scheduler"] == "yoloxwarmcos"
@@ -133,9 +135,9 @@ def test_simota_dynamic_k_is_at_least_one():
     assert fg.sum() == 1 and miou.sum() == 0
 
 
-def test_simota_centre_radius_is_2_5_strides():
-    gt = torch.tensor([[100.0, 100.0, 2.0, 2.0]])  # tiny box: only the centre region counts
-    centres = torch.tensor([[119.0, 100.0], [121.0, 100.0]])  # 19 px and 21 px away (r = 20)
+def test_simota_centre_radius_is_1_5_strides():
+    gt = torch.tensor([[100.0, 100.0, 2.0, 2.0]])
+    centres = torch.tensor([[111.0, 100.0], [113.0, 100.0]])  # 11 px and 13 px away (r = 12)
     preds = gt.expand(2, 4)
     fg, _, _ = _assign(preds, centres, gt, topk=10)
     assert fg.tolist() == [True, False]
@@ -272,3 +274,11 @@ def test_normalizer_reduce_hook():
     loss.normalizer_reduce = lambda n: n * 2
     _, halved = loss(maps, targets, 2)
     assert torch.allclose(halved, base / 2, rtol=1e-5)
+
+
+def test_simota_takes_no_anchor_inside_a_large_box_but_far_from_its_centre():
+    """Centre prior only (YOLOX 0.3, LibreYOLO 1.6): being inside the box is not enough."""
+    gt = torch.tensor([[100.0, 100.0, 160.0, 160.0]])
+    centres = torch.tensor([[100.0, 100.0], [150.0, 100.0]])  # the second: inside, 50 px off
+    fg, _, _ = _assign(gt.expand(2, 4), centres, gt)
+    assert fg.tolist() == [True, False]

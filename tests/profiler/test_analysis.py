@@ -134,12 +134,12 @@ def test_gpu_profile_verdict_and_timeline(gpu_trace, tmp_path):
         device_type="cuda",
         peak_vram_mb=123.4,
     )
-    assert p["bound"] == "host/launch" and p["gpu_util"] == pytest.approx(0.53)
-    assert p["host_overhead_ms_per_step"] == pytest.approx(10 - 5.3 - 1)
-    assert p["launches_per_step"] == 6 and len(p["top_kernels"]) == 6
-    assert any("fp32" in n for n in p["notes"])
-    assert p["metrics"]["backward_gpu_ms"] == pytest.approx(3.0)
-    html = render_timeline(p, gpu_trace)
+    assert p.bound == "host/launch" and p.gpu_util == pytest.approx(0.53)
+    assert p.host_overhead_ms_per_step == pytest.approx(10 - 5.3 - 1)
+    assert p.launches_per_step == 6 and len(p.top_kernels) == 6
+    assert any("fp32" in n for n in p.notes)
+    assert p.metrics["backward_gpu_ms"] == pytest.approx(3.0)
+    html = render_timeline(p.to_dict(), gpu_trace)
     assert not re.search(r"https?://", html)
     tl = timeline_data(gpu_trace)
     assert set(tl["lanes"]) == {

@@ -171,18 +171,19 @@ def _profile(ips: list[float], bound: str = "compute") -> dict:
     }
     if len(ips) == 1:
         return base
-    return aggregate([{**base, "img_per_s": x, "step_ms": 4000 / x} for x in ips], ["a"] * len(ips))
+    return aggregate([{**base, "img_per_s": x, "step_ms": 4000 / x} for x in ips],
+                     ["a"] * len(ips)).to_dict()
 
 
 def test_aggregate_mean_population_std_and_mixed():
     agg = aggregate([_profile([10.0]), _profile([14.0], "dataloader")], ["p1", "p2"])
-    assert agg["img_per_s"] == 12.0 and agg["img_per_s_std"] == 2.0 and agg["img_per_s_n"] == 2
-    assert agg["bound"] == "mixed" and "mixed" in agg["bound_why"]
-    assert agg["metrics"]["img_per_s_std"] == 2.0
-    assert agg["aggregation"]["representative_profile"] == "p2"
-    assert agg["step_ms"] == pytest.approx((400 + 4000 / 14) / 2, rel=1e-3)
+    assert agg.img_per_s == 12.0 and agg.img_per_s_std == 2.0 and agg.img_per_s_n == 2
+    assert agg.bound == "mixed" and "mixed" in agg.bound_why
+    assert agg.metrics["img_per_s_std"] == 2.0
+    assert agg.aggregation["representative_profile"] == "p2"
+    assert agg.step_ms == pytest.approx((400 + 4000 / 14) / 2, rel=1e-3)
     same = aggregate([_profile([10.0]), _profile([10.0])], ["p1", "p2"])
-    assert same["bound"] == "compute" and same["img_per_s_std"] == 0.0
+    assert same.bound == "compute" and same.img_per_s_std == 0.0
 
 
 def test_compare_significance():
@@ -229,8 +230,8 @@ def test_compare_puts_both_loads_next_to_the_delta_and_flags_the_environment(tmp
     quiet = aggregate([_trial(x, 0.02) for x in (2.60, 2.69, 2.78)], ["a1", "a2", "a3"])
     busy = aggregate([_trial(x, f) for x, f in ((1.05, 0.55), (1.11, 0.6), (1.17, 0.7))],
                      ["b1", "b2", "b3"])
-    assert busy["load"]["other_cpu_frac_max"] == 0.7 and len(busy["load"]["trials"]) == 3
-    assert busy["confidence"]["reliable"] is False and "loaded" in busy["confidence"]["flags"]
+    assert busy.load.other_cpu_frac_max == 0.7 and len(busy.load.trials) == 3
+    assert busy.confidence.reliable is False and "loaded" in busy.confidence.flags
     c = compare_profiles(quiet, busy)
     assert c.significance["significant"] is True  # the delta is real; its cause may not be
     assert c.load["before"]["other_cpu_frac"] == 0.02
@@ -241,8 +242,8 @@ def test_compare_puts_both_loads_next_to_the_delta_and_flags_the_environment(tmp
     assert "after ran on a loaded machine (other processes 70% of the CPU)" in env.note
     assert "busier during after (other processes 2% before, 62% after)" in env.note
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
-    pa.write_text(json.dumps(quiet))
-    pb.write_text(json.dumps(busy))
+    pa.write_text(json.dumps(quiet.to_dict()))
+    pb.write_text(json.dumps(busy.to_dict()))
     assert main(["compare", str(pa), str(pb)]) == 0
     out = capsys.readouterr().out
     assert "load before: other processes 2% of the CPU (0.0 of 2 cores)" in out

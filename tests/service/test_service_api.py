@@ -14,6 +14,7 @@ import pytest
 from testkit import REPO, ServerThread, client, make_user
 
 from service.db.models import Artifact, Job, utcnow
+from service.lifecycle import CLAIM, FINISH, JobStatus
 from service.ops import append_events, transition
 
 
@@ -30,11 +31,12 @@ def alice(server, sessions):
         yield c
 
 
-def test_service_never_imports_torch():
+def test_service_never_imports_torch_nor_the_sdk():
     code = ("import sys, service.app, service.cli, service.queue, worker.tasks, worker.runner;"
             "from service.settings import Settings; service.app.create_app(Settings("
             "home='/tmp/lyt-import', broker_url='memory://'));"
-            "assert 'torch' not in sys.modules, 'torch imported'")
+            "assert 'torch' not in sys.modules, 'torch imported';"
+            "assert 'libreyolo_client' not in sys.modules, 'the SDK imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -255,12 +257,11 @@ def test_cancel_queued_then_conflict(alice, data_yaml):
 def _run_fake(sessions, job_id: str, n_metric: int, finish: bool = True) -> None:
     """Play the worker: claim, add metric events, finish."""
     with sessions() as s:
-        assert transition(s, job_id, ["queued"], "running", attempt=Job.attempt + 1,
-                          started_at=utcnow())
+        assert transition(s, job_id, CLAIM, attempt=Job.attempt + 1, started_at=utcnow())
         append_events(s, job_id, [("metric", time.time(), {"event": "progress", "step": i})
                                   for i in range(n_metric)])
         if finish:
-            transition(s, job_id, ["running"], "succeeded", finished_at=utcnow())
+            transition(s, job_id, FINISH, JobStatus.SUCCEEDED, finished_at=utcnow())
         s.commit()
 
 
@@ -312,7 +313,7 @@ def test_sse_follows_a_live_job_and_survives_api_restart(server, sessions, data_
     app2_server.stop()  # the API goes away mid-stream
     with sessions() as s:
         append_events(s, job_id, [("metric", time.time(), {"event": "progress", "step": 9})])
-        transition(s, job_id, ["running"], "succeeded", finished_at=utcnow())
+        transition(s, job_id, FINISH, JobStatus.SUCCEEDED, finished_at=utcnow())
         s.commit()
     with client(server.url, token) as c:  # another API process on the same database
         rest = _sse(c, f"/v1/jobs/{job_id}/events/stream", {"Last-Event-ID": first[-1]["id"]})

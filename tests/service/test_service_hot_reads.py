@@ -19,6 +19,7 @@ from sqlalchemy import event
 from testkit import REPO, ServerThread, free_port, make_user, queued_job, wait_for
 
 from service.db.models import Job, User
+from service.lifecycle import FINISH, JobStatus
 from service.ops import append_events, transition
 
 
@@ -137,7 +138,7 @@ def test_idle_streams_cost_no_query_each_and_all_get_the_next_event(server, sess
     assert all('"progress"' in got[-1]["data"] for got in out)
     with sessions() as s:
         for job_id in jobs:
-            transition(s, job_id, ["running"], "cancelled")
+            transition(s, job_id, FINISH, JobStatus.CANCELLED)
         s.commit()
 
 

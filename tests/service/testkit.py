@@ -90,7 +90,7 @@ class ServerThread:
 
 def make_user(sessions: Any, name: str | None = None, admin: bool = False) -> tuple[str, str]:
     """Create a user and token; returns (user name, token)."""
-    from service.ops import create_user_token
+    from service.users import create_user_token
 
     name = name or f"user-{secrets.token_hex(4)}"
     with sessions() as s:
@@ -248,10 +248,10 @@ def write_weights(path: Path, nc: int = 2) -> Path:
     a published ``best.pt`` holds. Imports torch (test processes only)."""
     import torch
 
-    from libreyolo_core.models.registry import load_family, parse_model_name
+    from libreyolo_core.models.registry import parse_model_name
 
-    spec, size = parse_model_name("yolo9-t")
-    model = load_family(spec).build_model(size, nc)
+    family, size = parse_model_name("yolo9-t")
+    model = family.build_model(size, nc)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {k: v.half() if v.is_floating_point() else v
                           for k, v in model.state_dict().items()},

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from libreyolo_core.engine.checkpoint import CheckpointError, lean_state, save_checkpoint
-from libreyolo_core.models.yolo9 import build_model as build_yolo9
-from libreyolo_core.models.yolox import build_model as build_yolox
+from libreyolo_core.models import get_family
 from libreyolo_core.weights import compact_names, load_weights, transfer_weights
 from libreyolo_core.weights.names import to_libreyolo
+
+build_yolo9 = get_family("yolo9").build_model
+build_yolox = get_family("yolox").build_model
 
 
 def _meta(family: str, size: str, nc: int, **extra):

@@ -13,6 +13,7 @@ import pytest
 from testkit import engine_lines, make_user, pid_alive, queued_job, wait_for
 
 from service.db.models import Artifact, Job, JobEvent, User, utcnow
+from service.lifecycle import CLAIM, REQUEST_CANCEL
 from service.ops import transition
 from service.reaper import reap_once
 from service.storage import ArtifactStore
@@ -127,7 +128,7 @@ def test_cancel_running_job_kills_the_process_group(make_settings, db_url, ignor
     assert pid_alive(pid)
     t0 = time.monotonic()
     with sessions() as s:
-        assert transition(s, job_id, ["running"], "cancelling", cancel_requested=True)
+        assert transition(s, job_id, REQUEST_CANCEL, cancel_requested=True)
         s.commit()
     t.join(30)
     assert out["status"] == "cancelled"
@@ -200,7 +201,7 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
         {"event": "run_start", "time": 1.0}, {"event": "epoch_end", "time": 2.0, "epoch": 1}]))
     with sessions() as s:  # the dead worker claimed it long ago
-        transition(s, job_id, ["queued"], "running", attempt=1, lease_owner="dead:1",
+        transition(s, job_id, CLAIM, attempt=1, lease_owner="dead:1",
                    lease_expires_at=utcnow(), started_at=utcnow(), pid=999999)
         s.commit()
     sent = []
@@ -231,7 +232,7 @@ def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions)
     """Killed during epoch 1: no last.pt yet, so the next attempt starts again."""
     job_id = new_job(sessions)
     with sessions() as s:
-        transition(s, job_id, ["queued"], "running", attempt=1, lease_owner="dead:1",
+        transition(s, job_id, CLAIM, attempt=1, lease_owner="dead:1",
                    lease_expires_at=utcnow())
         s.commit()
     assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
@@ -242,7 +243,7 @@ def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions)
 def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):
     job_id = new_job(sessions)
     with sessions() as s:
-        transition(s, job_id, ["queued"], "running", attempt=3, lease_owner="dead:1",
+        transition(s, job_id, CLAIM, attempt=3, lease_owner="dead:1",
                    lease_expires_at=utcnow())
         s.commit()
     lost = new_job(sessions)
@@ -262,7 +263,7 @@ def test_kill_leftovers_only_hits_the_job_dir(tmp_path):
     import subprocess
     import sys
 
-    from worker.runner import kill_leftovers
+    from worker.process import kill_leftovers
 
     job_dir = tmp_path / "job"
     job_dir.mkdir()

@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import update
 from testkit import make_user, queued_job, wait_for
 
-from service.db.models import ACTIVE, TERMINAL, Job, User, WorkerRow, utcnow
-from service.ops import set_user_cap, transition
+from service.db.models import Job, User, WorkerRow, utcnow
+from service.lifecycle import ACTIVE, CLAIM, FINISH, TERMINAL
+from service.ops import transition
 from service.reaper import reap_once
 from service.scheduler import (
     claim,
@@ -27,6 +28,7 @@ from service.scheduler import (
     predicted_order,
     read_queue,
 )
+from service.users import set_user_cap
 from worker.runner import run_job, run_next
 
 
@@ -69,7 +71,7 @@ def take(sessions, queue: str, settings, worker: str = "w1", **kw) -> str | None
 
 def finish(sessions, job_id: str, status: str = "succeeded") -> None:
     with sessions() as s:
-        assert transition(s, job_id, ACTIVE, status, finished_at=utcnow(), lease_owner=None,
+        assert transition(s, job_id, FINISH, status, finished_at=utcnow(), lease_owner=None,
                           lease_expires_at=None)
         s.commit()
 
@@ -283,7 +285,7 @@ def test_reaper_wakes_held_jobs_and_resends_without_resetting_age(settings, sess
     dead = add_job(sessions, a, q)
     held = add_job(sessions, a, q)
     with sessions() as s:  # a worker claimed it on its last attempt and died
-        transition(s, dead, ["queued"], "running", attempt=3, lease_owner="dead:1",
+        transition(s, dead, CLAIM, attempt=3, lease_owner="dead:1",
                    lease_expires_at=utcnow())
         s.get(Job, held).sent_at = utcnow() - timedelta(days=1)
         s.commit()
@@ -309,9 +311,9 @@ def test_outlook_positions_and_estimated_starts(settings, sessions, new_queue):
     past = add_job(sessions, c, q)
     running = add_job(sessions, c, q)
     with sessions() as s:
-        transition(s, past, ["queued"], "running", started_at=now - timedelta(seconds=300))
-        transition(s, past, ["running"], "succeeded", finished_at=now - timedelta(seconds=200))
-        transition(s, running, ["queued"], "running", started_at=now, lease_owner="w",
+        transition(s, past, CLAIM, started_at=now - timedelta(seconds=300))
+        transition(s, past, FINISH, "succeeded", finished_at=now - timedelta(seconds=200))
+        transition(s, running, CLAIM, started_at=now, lease_owner="w",
                    lease_expires_at=now + timedelta(minutes=5), progress={"eta_s": 30.0})
         s.commit()
     a1, a2 = add_job(sessions, a, q), add_job(sessions, a, q)
@@ -339,7 +341,7 @@ def test_outlook_without_history_or_eta_is_unknown(settings, sessions, new_queue
     a, _ = new_user(sessions)
     running = add_job(sessions, a, q)
     with sessions() as s:
-        transition(s, running, ["queued"], "running", started_at=utcnow(), lease_owner="w",
+        transition(s, running, CLAIM, started_at=utcnow(), lease_owner="w",
                    lease_expires_at=utcnow() + timedelta(minutes=5))
         s.commit()
     waiting = add_job(sessions, a, q)

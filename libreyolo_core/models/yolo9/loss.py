@@ -78,7 +78,7 @@ class TaskAlignedAssigner(nn.Module):
 
     For every ground truth (GT) ``g`` and anchor ``a``:
 
-    * valid(g, a): anchor centre strictly inside the GT box and ``max(l, t, r, b) /
+    * valid(g, a): anchor centre inside the GT box or on its edge (as LibreYOLO 1.6) and ``max(l, t, r, b) /
       stride <= reg_max - 1.01`` (the box is representable by the DFL bins);
     * IoU(g, a) = CIoU(GT, predicted box) clamped to [0, 1];
     * score(g, a) = IoU^``iou_power`` x sigmoid(class logit of g's class)^``cls_power``;
@@ -89,6 +89,13 @@ class TaskAlignedAssigner(nn.Module):
     * soft class target = one-hot x score / max score of that GT x max IoU of that GT.
 
     Inputs are detached and computed in float32.
+
+    One deliberate difference from LibreYOLO 1.6 (and Ultralytics), which divide by
+    ``max score + 1e-9``: by default the division has no additive term, because the
+    alignment scores of badly localised objects early in training (IoU^6 of a poor box)
+    lie far below 1e-9, and with the additive term their soft class targets would all be
+    near 0, so those classes learn nothing until the boxes improve. ``align_eps = 1e-9``
+    gives the reference's numbers exactly (``tests/models/test_loss_reference.py``).
     """
 
     def __init__(
@@ -97,11 +104,11 @@ class TaskAlignedAssigner(nn.Module):
         iou_power: float = 6.0,
         cls_power: float = 0.5,
         reg_max: int = 16,
-        eps: float = 1e-9,
+        align_eps: float = 0.0,
     ):
         super().__init__()
         self.topk, self.iou_power, self.cls_power = topk, iou_power, cls_power
-        self.reg_max, self.eps = reg_max, eps
+        self.reg_max, self.align_eps = reg_max, align_eps
 
     @torch.no_grad()
     def forward(
@@ -175,10 +182,12 @@ class TaskAlignedAssigner(nn.Module):
         iou_pos = iou * pos
         max_score = score_pos.amax(-1, keepdim=True)
         max_iou = iou_pos.amax(-1, keepdim=True)
-        # score / max score (no additive eps: alignment scores of badly localised objects
-        # can be far below 1e-9 and must still normalise to 1 at the best anchor)
-        tiny = torch.finfo(score.dtype).tiny
-        norm = (score_pos / max_score.clamp(min=tiny) * max_iou).sum(1)  # (B, A)
+        # score / max score (by default no additive eps: see the class docstring)
+        if self.align_eps > 0:
+            denom = max_score + self.align_eps
+        else:
+            denom = max_score.clamp(min=torch.finfo(score.dtype).tiny)
+        norm = (score_pos / denom * max_iou).sum(1)  # (B, A)
 
         target_cls = gt_cls.gather(1, gt_idx).clamp(0, c - 1)
         target_boxes = gt_boxes.gather(1, gt_idx[..., None].expand(b, a, 4))
@@ -191,7 +200,7 @@ class TaskAlignedAssigner(nn.Module):
         px, py = points[:, 0], points[:, 1]  # (A,)
         x1, y1, x2, y2 = (v[..., None] for v in gt_boxes.unbind(-1))  # (B, M, 1)
         sides = torch.stack((px - x1, py - y1, x2 - px, y2 - py), 0)  # (4, B, M, A)
-        inside = sides.amin(0) > self.eps
+        inside = sides.amin(0) >= 0
         fits = sides.amax(0) <= (self.reg_max - 1.01) * stride[:, 0]
         return inside & fits
 

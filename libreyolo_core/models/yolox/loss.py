@@ -9,16 +9,18 @@ Sources:
 
 Assignment (per image, vectorised over the batch):
 
-* candidates: anchor centre ``(grid + 0.5) * stride`` inside a GT box **or** within
-  ``center_radius`` (2.5) strides of its centre; anchors in neither, for every GT of the
-  image, take no part. Pairs that are inside the box **and** the centre region are
-  "geometric"; the others cost an extra ``1e5`` (reference implementation, 2021).
+* candidates (the centre prior of YOLOX 0.3 and LibreYOLO 1.6): anchors whose centre
+  ``(grid + 0.5) * stride`` lies within ``center_radius`` (1.5) strides of some GT's
+  centre; the other anchors of the image take no part. A (GT, candidate) pair is
+  "geometric" when the candidate lies in that GT's own centre region; the others cost an
+  extra ``1e6``. (YOLOX's 2021 release also took anchors inside the box, radius 2.5;
+  the released code and LibreYOLO dropped that.)
 * cost = BCE(sqrt(sigmoid(cls) * sigmoid(obj)), one-hot) summed over classes
-  + ``iou_weight`` (3) x ``-log(IoU + 1e-8)`` (+ 1e5 off-geometry), in float32 with
+  + ``iou_weight`` (3) x ``-log(IoU + 1e-8)`` (+ 1e6 off-geometry), in float32 with
   autocast off;
 * ``dynamic_k = max(int(sum of the top-10 IoUs of the GT's candidates)), 1)``; each GT
-  takes its ``dynamic_k`` cheapest candidates; an anchor claimed by several GTs keeps the
-  cheapest one.
+  takes its ``dynamic_k`` cheapest candidates; an anchor claimed by several GTs goes to
+  the GT of lowest cost for it among all the image's GTs.
 
 Losses, each summed then divided by ``num_fg = max(positives in the batch, 1)``:
 ``iou = 1 - IoU^2`` on positives (x ``iou_gain`` 5); ``obj`` BCE over every anchor
@@ -46,7 +48,7 @@ from libreyolo_core.models.yolo9.loss import pad_targets
 
 __all__ = ["SimOTAAssigner", "YOLOXLoss", "box_iou_cxcywh"]
 
-_FAR = 1e5  # cost of a candidate pair outside the geometric (box and centre) region
+_FAR = 1e6  # cost of a candidate pair outside that GT's own centre region
 _NOT_CANDIDATE = 1e10  # cost of an anchor that is no candidate at all
 
 
@@ -68,12 +70,12 @@ class SimOTAAssigner(nn.Module):
     """SimOTA dynamic-k label assignment (Ge et al. 2021), batched.
 
     Args:
-        center_radius: half-side of the centre region, in strides (2.5).
+        center_radius: half-side of the centre region, in strides (1.5).
         iou_weight: weight of ``-log(IoU)`` in the cost (3.0).
         topk: number of best IoUs summed for ``dynamic_k`` (10).
     """
 
-    def __init__(self, center_radius: float = 2.5, iou_weight: float = 3.0, topk: int = 10):
+    def __init__(self, center_radius: float = 1.5, iou_weight: float = 3.0, topk: int = 10):
         super().__init__()
         self.center_radius, self.iou_weight, self.topk = center_radius, iou_weight, topk
 
@@ -116,15 +118,12 @@ class SimOTAAssigner(nn.Module):
 
         # geometry: (B, M, A)
         cx, cy = centres[:, 0], centres[:, 1]  # (A,)
-        gcx, gcy, gw, gh = (v[..., None] for v in gt_boxes.unbind(-1))  # (B, M, 1)
-        in_box = (
-            (cx > gcx - gw / 2) & (cx < gcx + gw / 2) & (cy > gcy - gh / 2) & (cy < gcy + gh / 2)
-        )
+        gcx, gcy = gt_boxes[..., 0:1], gt_boxes[..., 1:2]  # (B, M, 1)
         r = self.center_radius * stride
         in_ctr = (cx > gcx - r) & (cx < gcx + r) & (cy > gcy - r) & (cy < gcy + r)
         valid = gt_mask[..., None]
-        candidate = ((in_box | in_ctr) & valid).any(1)  # (B, A) anchors in any GT's region
-        geometric = in_box & in_ctr
+        candidate = (in_ctr & valid).any(1)  # (B, A) anchors in any GT's centre region
+        geometric = in_ctr
 
         iou = box_iou_cxcywh(gt_boxes[:, :, None, :], pred_boxes[:, None, :, :])  # (B, M, A)
         iou = iou * (candidate[:, None, :] & valid)
@@ -152,10 +151,12 @@ class SimOTAAssigner(nn.Module):
         match = torch.zeros(b, m, a, dtype=torch.bool, device=device)
         match.scatter_(-1, low_idx, take)
 
-        # an anchor claimed by several GTs keeps the cheapest
+        # an anchor claimed by several GTs goes to its cheapest GT among all of them
         fg = match.any(1)  # (B, A)
-        gt_idx = torch.where(match, cost, torch.full_like(cost, float("inf"))).argmin(1)
-        gt_idx = gt_idx * fg
+        several = match.sum(1) > 1  # (B, A)
+        cheapest = torch.where(valid, cost, torch.full_like(cost, float("inf"))).argmin(1)
+        claimed = torch.where(match, cost, torch.full_like(cost, float("inf"))).argmin(1)
+        gt_idx = torch.where(several, cheapest, claimed) * fg
         matched_iou = iou.gather(1, gt_idx[:, None]).squeeze(1) * fg
         return fg, gt_idx, matched_iou
 
@@ -167,7 +168,7 @@ class YOLOXLoss(nn.Module):
         model: a :class:`~libreyolo_core.models.yolox.nn.YOLOX` (or anything with ``nc`` and
             ``strides``); only these numbers are read.
         iou_gain: weight of the IoU term (5.0).
-        center_radius, iou_weight, topk: assigner settings (2.5, 3.0, 10).
+        center_radius, iou_weight, topk: assigner settings (1.5, 3.0, 10).
 
     Attributes:
         item_names: ``("iou", "obj", "cls", "l1")``, the order of the returned items
@@ -197,7 +198,7 @@ class YOLOXLoss(nn.Module):
         self,
         model: nn.Module,
         iou_gain: float = 5.0,
-        center_radius: float = 2.5,
+        center_radius: float = 1.5,
         iou_weight: float = 3.0,
         topk: int = 10,
     ):

@@ -10,7 +10,10 @@ target_metadata = Base.metadata
 
 
 def run_migrations_online() -> None:
-    engine = make_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise RuntimeError("alembic: sqlalchemy.url is not set (service.db.migrate sets it)")
+    engine = make_engine(url)
     with engine.connect() as connection:
         context.configure(
             connection=connection,

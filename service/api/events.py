@@ -1,0 +1,130 @@
+"""``/v1/jobs/{id}``: a job's events (a JSON page, and Server-Sent Events to follow them)
+and its engine log."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import PlainTextResponse
+from sqlalchemy import select
+from sse_starlette import EventSourceResponse
+
+from service.api.deps import OWNED_JOB_ERRORS, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.schemas import EventPublic, EventsPage
+from service.db.models import Job, JobEvent
+from service.lifecycle import TERMINAL
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _event_public(e: JobEvent) -> EventPublic:
+    return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
+
+
+def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    rows = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+        .order_by(JobEvent.seq).limit(limit)
+    ).all()
+    return [_event_public(e) for e in rows], status
+
+
+def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    with sessions() as session:
+        return _events_after(session, job_id, after, limit)
+
+
+@router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
+            responses=OWNED_JOB_ERRORS)
+def list_events(
+    job: OwnedJob, session: SessionDep,
+    after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> EventsPage:
+    """Events of a job in order (``seq`` 1, 2, 3... without gaps).
+
+    Kinds: ``status`` (service transitions, run_start/run_end), ``metric`` (epoch_start,
+    progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
+    in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
+    """
+    # the request's session: a second one per request deadlocked the pool at 16 clients
+    events, status = _events_after(session, job.id, after, limit)
+    next_after = events[-1].seq if events else after
+    return EventsPage(data=events, next_after=next_after, status=status,
+                      done=status in TERMINAL and len(events) < limit)
+
+
+@router.get(
+    "/{job_id}/events/stream", operation_id="jobs-events-stream",
+    responses={**OWNED_JOB_ERRORS, 200: {"content": {"text/event-stream": {}},
+                                         "description": "Server-Sent Events"}},
+)
+def stream_events(
+    job: OwnedJob, request: Request, settings: SettingsDep, session: SessionDep,
+    after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """Follow a job's events as Server-Sent Events.
+
+    Each event has ``id: <seq>``, ``event: <kind>`` and ``data: <EventPublic JSON>``.
+    Resume after a disconnect with the ``Last-Event-ID`` header (or ``?after=``). Comment
+    pings keep idle connections alive. When the job is terminal and every event was sent,
+    a final ``event: end`` with ``{"status": ..., "last_seq": ...}`` closes the stream;
+    a stream never ends without it.
+    """
+    start = after
+    if last_event_id and last_event_id.strip().isdigit():
+        start = max(start, int(last_event_id.strip()))
+    sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
+    session.close()  # the request's connection goes back to the pool: the stream may last hours
+
+    async def gen():
+        last = start
+        while True:
+            events, status = await anyio.to_thread.run_sync(
+                _fetch_events, sessions, job_id, last, 500)
+            for e in events:
+                last = e.seq
+                yield {"id": str(e.seq), "event": e.kind, "data": e.model_dump_json()}
+            if not events:
+                if status in TERMINAL or status is None:
+                    yield {"event": "end", "data": json.dumps({"status": status,
+                                                               "last_seq": last})}
+                    return
+                await notifier.wait(job_id, last)
+
+    return EventSourceResponse(gen(), ping=int(max(1, settings.sse_ping_s)),
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, operation_id="jobs-logs",
+            responses={**OWNED_JOB_ERRORS, 200: {"content": {"text/plain": {}}}})
+def get_logs(
+    job: OwnedJob, store: StoreDep,
+    offset: Annotated[int, Query(ge=0, description="byte offset to start from")] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=100_000, description="last N lines only")] = None,
+) -> PlainTextResponse:
+    """The engine's stdout+stderr (``train.log``) as text.
+
+    ``X-Log-Size`` gives the file size in bytes: pass it back as ``offset`` to follow.
+    Empty before the job starts.
+    """
+    path = store.log_path(job.id)
+    if not path.is_file():
+        return PlainTextResponse("", headers={"X-Log-Size": "0"})
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(min(offset, size))
+        data = f.read()
+    text = data.decode("utf-8", errors="replace")
+    if tail:
+        text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
+    return PlainTextResponse(text, headers={"X-Log-Size": str(size)})
+

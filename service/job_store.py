@@ -1,0 +1,210 @@
+"""The job store: every read and status change of a job row that the API, the pages, the
+worker and the reaper share, as keyword-only functions taking a session.
+
+Status changes are the named transitions of :mod:`service.lifecycle`, made through
+:func:`service.ops.transition`. The callers commit (one commit per unit of work), except
+:func:`claim`, which commits its claim (see :func:`service.scheduler.claim`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from service.db.models import Artifact, Job, User, utcnow
+from service.lifecycle import (
+    ACTIVE,
+    CANCEL_EXPIRED,
+    CANCEL_QUEUED,
+    FAIL_EXPIRED,
+    FINISH,
+    HAND_BACK,
+    REQUEST_CANCEL,
+    REQUEUE_EXPIRED,
+    JobStatus,
+)
+from service.ops import transition
+from service.scheduler import claim as scheduler_claim
+from service.settings import Settings
+from service.storage import ArtifactStore
+from service.users import owns, visible_to
+
+__all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
+           "request_cancel", "expired_leases", "expire"]
+
+
+def get_owned(*, session: Session, job_id: str, user: User) -> Job | None:
+    """The job ``job_id`` when ``user`` owns it (or is an admin, :func:`service.users.owns`);
+    None for no such job and for another user's job alike."""
+    job = session.get(Job, job_id)
+    return job if job is not None and owns(user, job.owner_id) else None
+
+
+def list_jobs(*, session: Session, user: User, statuses: Iterable[str] = (),
+              kind: str | None = None, before: str | None = None,
+              limit: int) -> tuple[list[Job], bool]:
+    """The user's jobs (an admin's: everyone's), newest first.
+
+    Args:
+        statuses: only these statuses (empty: all).
+        kind: only this kind (None: all).
+        before: only jobs older than this job id (ids sort by creation).
+        limit: at most this many rows.
+
+    Returns:
+        ``(rows, more)``: ``more`` when older jobs follow the last row.
+    """
+    stmt = visible_to(select(Job).order_by(Job.id.desc()).limit(limit + 1), Job.owner_id, user)
+    statuses = set(statuses)
+    if statuses:
+        stmt = stmt.where(Job.status.in_(statuses))
+    if kind:
+        stmt = stmt.where(Job.kind == kind)
+    if before:
+        stmt = stmt.where(Job.id < before)
+    rows = list(session.scalars(stmt))
+    return rows[:limit], len(rows) > limit
+
+
+def claim(*, session: Session, settings: Settings, worker_id: str, queue: str | None = None,
+          job_id: str | None = None) -> Job | None:
+    """Claim (``queued -> running``, the transition ``claim``) the best eligible job of
+    ``queue``, or only ``job_id`` (its own queue when ``queue`` is None), for
+    ``worker_id``: :func:`service.scheduler.claim`, which commits.
+
+    Returns:
+        The claimed row, or None (no such job, or none of the queue may start now).
+    """
+    if queue is None:
+        queue = session.scalar(select(Job.queue).where(Job.id == job_id))
+        if queue is None:
+            return None
+    claimed = scheduler_claim(session, queue, worker_id, settings, job_id=job_id)
+    return None if claimed is None else session.get(Job, claimed)
+
+
+def held_by(worker_id: str) -> list[Any]:
+    """``WHERE`` clauses of a job whose lease ``worker_id`` holds (running or cancelling)."""
+    return [Job.lease_owner == worker_id, Job.status.in_(ACTIVE)]
+
+
+def renew_lease(*, session: Session, job_id: str, worker_id: str,
+                lease_s: float) -> tuple[str, bool] | None:
+    """Extend ``worker_id``'s lease on ``job_id`` to ``lease_s`` seconds from now.
+
+    Returns:
+        ``(status, cancel_requested)`` of the job, or None when the lease is lost (the
+        reaper took the job, or it is no longer running or cancelling).
+    """
+    row = session.execute(
+        update(Job).where(Job.id == job_id, *held_by(worker_id))
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        .returning(Job.status, Job.cancel_requested)).first()
+    return None if row is None else (row[0], bool(row[1]))
+
+
+def finish(*, session: Session, job_id: str, worker_id: str, status: JobStatus,
+           result: dict[str, Any] | None, error: dict[str, Any] | None,
+           event: dict[str, Any], progress: dict[str, Any] | None,
+           artifacts: list[dict[str, Any]]) -> bool:
+    """End ``worker_id``'s attempt (the transition ``finish``: running or cancelling ->
+    ``status``) and replace the job's artifact rows with ``artifacts`` (``artifacts``
+    table columns). Only while ``worker_id`` holds the lease.
+
+    Returns:
+        True if this call ended the job; False (nothing written) when the lease is lost.
+
+    Raises:
+        TransitionError: ``status`` is not succeeded, failed or cancelled.
+    """
+    ok = transition(session, job_id, FINISH, status,
+                    extra_where=[Job.lease_owner == worker_id], event=event,
+                    finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
+                    result=result, error=error, progress=progress)
+    if ok:
+        session.execute(delete(Artifact).where(Artifact.job_id == job_id))
+        if artifacts:
+            session.execute(insert(Artifact), artifacts)
+    return ok
+
+
+def hand_back(*, session: Session, job_id: str, worker_id: str, reason: str,
+              progress: dict[str, Any] | None) -> bool:
+    """Give a running job back to the queue (the transition ``hand_back``: worker shutdown);
+    the next attempt resumes from ``last.pt``.
+
+    A graceful hand-back is not a failed attempt: the attempt count goes back down, so
+    restarting the service any number of times never uses up ``max_attempts``.
+
+    Returns:
+        True if the job was handed back; False when ``worker_id`` no longer holds it or it
+        is not ``running`` (a cancel came first).
+    """
+    now = utcnow()
+    return transition(session, job_id, HAND_BACK, extra_where=[Job.lease_owner == worker_id],
+                      event={"reason": reason}, lease_owner=None, lease_expires_at=None,
+                      enqueued_at=now, sent_at=now, progress=progress,
+                      attempt=Job.attempt - 1)
+
+
+def request_cancel(*, session: Session, job_id: str) -> bool:
+    """Cancel a job: a queued one is ``cancelled`` at once (``cancel_queued``), a running one
+    becomes ``cancelling`` (``request_cancel``; its worker stops the engine). Any other
+    status is left as it is (the caller reads it back).
+
+    Returns:
+        True when the job was cancelled while queued.
+    """
+    if transition(session, job_id, CANCEL_QUEUED, cancel_requested=True,
+                  finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
+                  event={"reason": "cancelled while queued"}):
+        return True
+    transition(session, job_id, REQUEST_CANCEL, cancel_requested=True)
+    return False
+
+
+def expired_leases(*, session: Session, now: datetime) -> list[Row]:
+    """Running and cancelling jobs whose lease expired before ``now`` (their worker died):
+    rows of ``id, status, attempt, max_attempts, queue, priority, lease_expires_at,
+    owner_id``."""
+    return list(session.execute(
+        select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
+               Job.lease_expires_at, Job.owner_id)
+        .where(Job.status.in_(ACTIVE), Job.lease_expires_at < now)
+    ).all())
+
+
+def expire(*, session: Session, lease: Row, now: datetime,
+           store: ArtifactStore) -> JobStatus | None:
+    """Recover one job of :func:`expired_leases`: a cancelling one becomes ``cancelled``
+    (``cancel_expired``); a running one goes back to ``queued`` (``requeue_expired``; its
+    event says whether the next run resumes from ``last.pt``, ``store.resume_note``) while
+    ``attempt < max_attempts``, else ``failed`` with the reason (``fail_expired``). Only if
+    the lease is still the one read (no worker renewed it meanwhile).
+
+    Returns:
+        The job's new status, or None when it changed meanwhile (nothing written).
+    """
+    same_lease = [Job.lease_expires_at == lease.lease_expires_at]
+    lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see the runner
+    attempt, max_attempts = lease.attempt, lease.max_attempts
+    if lease.status == JobStatus.CANCELLING:
+        done = transition(session, lease.id, CANCEL_EXPIRED, extra_where=same_lease,
+                          finished_at=now, event={"reason": "worker lost while cancelling"},
+                          **lost)
+        return JobStatus.CANCELLED if done else None
+    if attempt < max_attempts:
+        reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
+                 f"of {max_attempts}, {store.resume_note(lease.id)}"
+        done = transition(session, lease.id, REQUEUE_EXPIRED, extra_where=same_lease,
+                          enqueued_at=now, sent_at=now, event={"reason": reason}, **lost)
+        return JobStatus.QUEUED if done else None
+    reason = f"lease expired (worker lost) on attempt {attempt} of {max_attempts}"
+    done = transition(session, lease.id, FAIL_EXPIRED, extra_where=same_lease,
+                      finished_at=now, error={"reason": reason, "exit_code": None},
+                      event={"reason": reason}, **lost)
+    return JobStatus.FAILED if done else None

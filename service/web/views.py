@@ -1,0 +1,271 @@
+"""View models of the browser pages: what a template shows of a job (its row in the jobs
+table, its progress, the summary panel with result, verdict, tune and preflight cards),
+read from the database through the job store (:mod:`service.job_store`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import urlencode
+
+import yaml
+from fastapi import Request
+from sqlalchemy import select
+
+from libreyolo_core.profiler.verdict import LEVERS
+from service import job_store
+from service.api.deps import SessionDep
+from service.api.jobs import queue_outlooks
+from service.api.model_refs import describe_model_ref
+from service.db.models import Artifact, Dataset, Job, User
+from service.lifecycle import TERMINAL, JobStatus
+from service.scheduler import Outlook
+from service.settings import Settings
+from service.storage import artifact_kind
+from service.users import visible_to
+from service.web.formatting import (
+    PROFILE_FIGURES,
+    aware,
+    clock,
+    confidence_text,
+    fmt_age,
+    fmt_duration,
+    fmt_gain,
+    fmt_metric,
+    fmt_queue,
+    fmt_seconds,
+    iso,
+    lever_text,
+    tune_progress_text,
+)
+from service.workers import live_queues, waiting_reason
+
+__all__ = ["PAGE_SIZE", "job_progress", "job_row", "rows_context", "prefill", "summary_context"]
+
+METRIC_NAMES = ("mAP50", "mAP50-95", "precision", "recall")
+PAGE_SIZE = 50
+
+
+def job_progress(job: Job, live: dict[str, int] | None = None,
+                 where: Outlook | None = None, now: datetime | None = None) -> tuple[float, str]:
+    """(percent 0-100, text) of a job from its latest progress; a queued job that no live
+    worker (``live``, :func:`service.workers.live_queues`) serves says so, else its place
+    in the queue (``where``, :func:`service.scheduler.outlook`)."""
+    p = job.progress or {}
+    epochs, epoch = p.get("epochs"), p.get("epoch")
+    if p.get("phase") == "tuning" and p.get("trials_planned"):  # a tune job: its trials
+        planned = p["trials_planned"]
+        if job.status in TERMINAL:
+            ran = ((job.result or {}).get("tune") or {}).get("trials_run")
+            return (100.0 if job.status == JobStatus.SUCCEEDED else 0.0,
+                    f"tune {job.status}" + (f": {ran} trials run" if ran is not None else ""))
+        return (max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / planned)),
+                tune_progress_text(p))
+    if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
+        steps, step = p["steps"], p.get("step") or 0
+        text = f"profile window step {step}/{steps}"
+        if p.get("warmup") is not None:
+            text += f" ({p['warmup']} warm-up + {p.get('measured', steps - p['warmup'])} measured)"
+        done = job.status == JobStatus.SUCCEEDED
+        return (100.0 if done else max(0.0, min(100.0, 100.0 * step / steps))), text
+    if job.status == JobStatus.SUCCEEDED:
+        return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
+    if job.status == JobStatus.QUEUED:
+        return 0.0, (waiting_reason(job.status, job.queue, live) if live is not None
+                     else None) or fmt_queue(where, now or datetime.now(UTC)) or "waiting"
+    if not epochs or not epoch:
+        return 0.0, "—" if job.status in TERMINAL else "starting"
+    steps, step = p.get("steps") or 0, p.get("step") or 0
+    frac = (epoch - 1 + (step / steps if steps else 0.0)) / epochs
+    text = f"epoch {epoch}/{epochs}"
+    if job.status not in TERMINAL:
+        if p.get("phase") == "validating" and p.get("val_batches"):
+            text += f" · validating {p.get('val_batch', 0)}/{p['val_batches']}"
+        elif steps:
+            text += f" · step {step}/{steps}"
+        if isinstance(p.get("eta_s"), int | float) and p.get("phase") != "validating":
+            text += f" · ETA {fmt_duration(p['eta_s'])}"
+    return max(0.0, min(100.0, 100.0 * frac)), text
+
+
+def _dataset_names(session: SessionDep, user: User) -> dict[str, str]:
+    stmt = visible_to(select(Dataset.path, Dataset.name), Dataset.owner_id, user)
+    return {path: name for path, name in session.execute(stmt)}
+
+
+def _dataset_label(data: str, names: dict[str, str]) -> str:
+    if data in names:
+        return names[data]
+    parts = PurePosixPath(data).parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else data
+
+
+def job_row(job: Job, names: dict[str, str], now: datetime,
+            live: dict[str, int] | None = None,
+            outlooks: dict[str, Outlook] | None = None) -> dict[str, Any]:
+    where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
+    pct, text = job_progress(job, live, where, now)
+    started, finished = aware(job.started_at), aware(job.finished_at)
+    if started and finished:
+        duration = fmt_duration((finished - started).total_seconds())
+    elif started and job.status not in TERMINAL:
+        duration = fmt_duration((now - started).total_seconds()) + " so far"
+    else:
+        duration = "—"
+    return {"id": job.id, "status": job.status, "kind": job.kind, "model": job.model,
+            "data": job.data, "dataset": _dataset_label(job.data, names),
+            "pct": round(pct), "progress": text, "attempt": job.attempt,
+            "max_attempts": job.max_attempts, "created": iso(job.created_at),
+            "age": fmt_age(job.created_at, now), "duration": duration,
+            "queue_text": fmt_queue(where, now),
+            "estimated_start": iso(where.estimated_start) if where is not None else "",
+            "estimated_start_text": clock(where.estimated_start) if where is not None else ""}
+
+
+def rows_context(session: SessionDep, user: User, status: str | None, kind: str | None,
+                 before: str | None, settings: Settings) -> dict[str, Any]:
+    jobs, more = job_store.list_jobs(session=session, user=user, statuses=[status] if status else (),
+                                     kind=kind, before=before, limit=PAGE_SIZE)
+    older = jobs[-1].id if more else None
+    names = _dataset_names(session, user)
+    now = datetime.now(UTC)
+    query = {k: v for k, v in (("status", status), ("kind", kind)) if v}
+    live = live_queues(session, settings.worker_ttl_s)
+    outlooks = queue_outlooks(session, settings, jobs, live)
+    return {"rows": [job_row(j, names, now, live, outlooks) for j in jobs],
+            "filtered": bool(query), "status": status or "", "kind": kind or "",
+            "older_url": f"/jobs?{urlencode({**query, 'before': older})}" if older else None,
+            "rows_url": "/web/jobs/rows" + (f"?{urlencode(query)}" if query else ""),
+            "updated": now.strftime("%H:%M:%S")}
+
+
+def _artifacts(request: Request, session: SessionDep, job: Job) -> list[dict[str, Any]]:
+    url = f"/v1/jobs/{job.id}/artifacts/"
+    rows = session.scalars(select(Artifact).where(Artifact.job_id == job.id)
+                           .order_by(Artifact.path)).all()
+    if rows:
+        return [{"path": a.path, "kind": a.kind, "size": a.size_bytes, "sha256": a.sha256,
+                 "url": url + a.path} for a in rows]
+    store = request.app.state.store
+    return [{"path": rel, "kind": artifact_kind(rel), "size": p.stat().st_size, "sha256": None,
+             "url": url + rel} for rel, p in store.list_files(job.id)]
+
+
+def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tune card: the answer, one row per configuration, the recommended parameter set
+    and the expected epoch time; ``None`` for other jobs and a tune job without result."""
+    if job.kind != "tune" or not isinstance(tune, dict):
+        return None
+    rows = []
+    for r in [tune.get("baseline") or {}, *(tune.get("candidates") or [])]:
+        ips = r.get("img_per_s")
+        base = r.get("name") == "baseline"
+        rows.append({
+            "label": r.get("label") or r.get("name"), "baseline": base,
+            "ips": "—" if ips is None else f"{ips:.1f} ± {r.get('img_per_s_std') or 0:.1f}",
+            "n": r.get("n") if ips is not None else "—",
+            "step": "—" if r.get("step_ms") is None else f"{r['step_ms']:.0f}",
+            "verdict": r.get("verdict") or "—",
+            "significant": "—" if base or r.get("significant") is None
+            else ("yes" if r["significant"] else "no"),
+            "gain": "—" if base else fmt_gain(r.get("gain")),
+            "recommendable": bool(r.get("recommendable")),
+            "recommended": bool(tune.get("recommended")) and r.get("name") == (tune.get("recommended") or {}).get("name"),
+            "note": "" if base else (r.get("note") or ""),
+            "side_effect": r.get("side_effect")})
+    rec = tune.get("recommended") or None
+    params = tune.get("recommended_params") or {}
+    return {"answer": tune.get("answer"), "status": tune.get("status"), "rows": rows,
+            "recommended": rec, "changes": " ".join(f"{k}={v}" for k, v in (rec or {}).get("params", {}).items()),
+            "params": " ".join(f"{k}={v}" for k, v in params.items()) or "(the defaults)",
+            "expected_epoch": fmt_seconds(tune.get("expected_epoch_s")),
+            "baseline_epoch": fmt_seconds(tune.get("baseline_epoch_s")),
+            "also": tune.get("also") or [], "notes": tune.get("notes") or [],
+            "device": tune.get("device"), "train_url": f"/jobs?train_from={job.id}#new-job-title",
+            "can_train": job.status in TERMINAL and bool((tune.get("baseline") or {}).get("img_per_s"))}
+
+
+def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The preflight card: the estimate, and beside it what the run took once it ended."""
+    if not isinstance(pf, dict) or pf.get("total_s") is None:
+        return None
+    actual = pf.get("actual") or {}
+    ended = job.status in TERMINAL
+    started, finished = aware(job.started_at), aware(job.finished_at)
+    duration = (finished - started).total_seconds() if started and finished else None
+    mem = pf.get("peak_memory_mb")
+    return {
+        "img_per_s": f"{pf['img_per_s']:.1f} img/s" if pf.get("img_per_s") is not None else "—",
+        "epoch_est": fmt_seconds(pf.get("epoch_s")),
+        "epoch_actual": fmt_seconds(actual.get("epoch_time_s")) if actual.get("epoch_time_s") is not None else None,
+        "val_est": fmt_seconds(pf.get("val_s")) if pf.get("val_s") is not None else None,
+        "val_actual": fmt_seconds(actual.get("val_time_s")) if actual.get("val_time_s") is not None else None,
+        "total_est": fmt_seconds(pf.get("total_s")),
+        "total_actual": fmt_seconds(duration) if ended and duration is not None else None,
+        "epochs": pf.get("epochs"), "epochs_done": actual.get("epochs"),
+        "memory": f"{mem:,.0f} MiB ({pf.get('memory_kind')})" if mem is not None else None,
+        "cost": f"{pf['cost']:.2f} {pf.get('currency')}" if pf.get("cost") is not None else None,
+        "ended": ended, "notes": pf.get("notes") or [], "phases": pf.get("phases") or []}
+
+
+def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
+             ) -> dict[str, Any] | None:
+    """The submit form's values from a finished tune job (``?train_from=<id>``): kind train,
+    its model and dataset (the dataset's id when it is one of the user's), GPUs, and its
+    recommended parameter set (epochs, imgsz and batch in their fields, the rest as YAML)."""
+    if not job_id:
+        return None
+    job = job_store.get_owned(session=session, job_id=job_id, user=user)
+    tune = (job.result or {}).get("tune") if job is not None and job.kind == "tune" else None
+    if not isinstance(tune, dict):
+        return None
+    params = dict(tune.get("recommended_params") or {})
+    ref = describe_model_ref(session, settings, job.model)
+    model = ref.get("model_id") or ref["label"]  # a name, a model id, job:<id>/<path>, a file
+    data = session.scalar(select(Dataset.id).where(Dataset.path == job.data,
+                                                   Dataset.owner_id == job.owner_id)) or job.data
+    basic = {k: params.pop(k) for k in ("epochs", "imgsz", "batch") if k in params}
+    return {"job_id": job.id, "model": model, "data": data, "gpus": job.gpus, "basic": basic,
+            "yaml": yaml.safe_dump(params, sort_keys=True).strip() if params else "",
+            "recommended": (tune.get("recommended") or {}).get("label")}
+
+
+def summary_context(request: Request, session: SessionDep, user: User, job: Job
+                     ) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    names = _dataset_names(session, user)
+    artifacts = _artifacts(request, session, job)
+    result = job.result or {}
+    profile = result.get("profile") or {}
+    verdict = None
+    if result.get("verdict"):
+        figures = [(label, fmt(profile[key])) for key, label, fmt in PROFILE_FIGURES
+                   if isinstance(profile.get(key), int | float)]
+        timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
+        verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
+                   "lever": lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
+                   "figures": figures, "confidence": confidence_text(profile.get("confidence")),
+                   "timeline_url": timeline["url"] if timeline else None}
+    tune_data = result.get("tune")
+    if job.kind == "tune" and tune_data is None:  # running: what tune.json holds so far
+        with contextlib.suppress(OSError, ValueError):
+            tune_data = json.loads((request.app.state.store.run_dir(job.id) / "tune.json")
+                                   .read_text(encoding="utf-8"))
+    tune = _tune_view(job, tune_data)
+    preflight = _preflight_view(job, result.get("preflight") or (job.progress or {}).get("preflight"))
+    metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
+    shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
+    error = job.error or None
+    settings = request.app.state.settings
+    live = live_queues(session, settings.worker_ttl_s)
+    outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
+    return {"job": job, "row": job_row(job, names, now, live, outlooks), "artifacts": artifacts,
+            "result": result if job.result is not None else None, "metrics": shown,
+            "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
+                                                                              JobStatus.RUNNING),
+            "tune": tune, "preflight": preflight,
+            "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
+            "started_from": describe_model_ref(session, request.app.state.settings, job.model)}

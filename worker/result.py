@@ -1,0 +1,91 @@
+"""A finished attempt's result summary: final metrics, best epoch, the profiler's verdict,
+the preflight estimate beside what the run took, a tune job's answer.
+
+Read from what the runner observed (:class:`worker.tail.Observed`) and from the files the
+engine leaves in the run directory (``preflight.json``, ``tune.json``, ``results.csv``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from worker.tail import Observed
+
+__all__ = ["actual_timing", "result_summary"]
+
+
+def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
+    """The job's ``result``: ``status`` (the engine's ``run_end``), ``best_epoch``,
+    ``metrics``, ``epochs_completed``, ``names`` (class id -> name: the keys of
+    ``metrics.per_class_AP``); ``verdict``, ``bound_why``, ``lever`` and ``profile`` after
+    a profile event; ``preflight`` (with its ``actual`` timing) when ``preflight.json``
+    exists; for ``kind == "tune"``, ``tune``, ``answer`` and ``recommended_params`` from
+    ``tune.json``."""
+    end = seen.run_end or {}
+    progress = seen.progress
+    result: dict[str, Any] = {
+        "status": end.get("status"),
+        "best_epoch": end.get("best_epoch", progress.get("best_epoch")),
+        "metrics": end.get("metrics") or progress.get("metrics"),
+        # the last epoch_end's epoch: a progress event's epoch may be one cut off
+        "epochs_completed": progress.get("epochs_completed", 0),
+        "names": end.get("names"),  # class id -> name: the keys of metrics.per_class_AP
+    }
+    if seen.profile is not None:
+        prof = {k: v for k, v in seen.profile.items() if k not in ("event", "time")}
+        result["verdict"] = prof.get("verdict")
+        result["bound_why"] = prof.get("bound_why")
+        result["lever"] = prof.get("lever")
+        result["profile"] = prof
+    preflight = _read_json(run_dir / "preflight.json")
+    if preflight is not None:
+        preflight.pop("trial_dir", None)
+        result["preflight"] = {**preflight, "actual": actual_timing(run_dir, end)}
+    if kind == "tune":
+        tune = _read_json(run_dir / "tune.json")
+        if tune is not None:
+            result.update(tune=tune, answer=tune.get("answer"),
+                          recommended_params=tune.get("recommended_params"))
+    return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; ``None`` when missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def actual_timing(run_dir: Path, run_end: dict[str, Any]) -> dict[str, Any]:
+    """What the run took, seconds, beside its preflight estimate: from ``results.csv`` (every
+    completed epoch, earlier attempts included) ``epochs``, ``epoch_time_s`` (mean training
+    time of an epoch), ``first_epoch_s``, ``train_s``, ``val_s`` (sums) and ``val_time_s``
+    (mean of the validated epochs); ``wall_s`` of the engine's last attempt (``run_end``)."""
+    rows: list[dict[str, str]] = []
+    with contextlib.suppress(OSError, csv.Error):
+        with open(run_dir / "results.csv", encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+
+    def floats(key: str, only_validated: bool = False) -> list[float]:
+        out = []
+        for r in rows:
+            if only_validated and r.get("validated") not in ("1", "True", "true"):
+                continue
+            with contextlib.suppress(TypeError, ValueError):
+                out.append(float(r[key]))
+        return out
+
+    train, val = floats("epoch_time_s"), floats("val_time_s", only_validated=True)
+    timing = (run_end or {}).get("timing") or {}
+    return {"epochs": len(train),
+            "epoch_time_s": round(sum(train) / len(train), 3) if train else None,
+            "first_epoch_s": train[0] if train else None,
+            "train_s": round(sum(train), 3), "val_s": round(sum(val), 3),
+            "val_time_s": round(sum(val) / len(val), 3) if val else None,
+            "wall_s": timing.get("wall_s")}

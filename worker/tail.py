@@ -1,0 +1,147 @@
+"""Tailing the engine's files: ``events.jsonl`` and ``train.log`` read as they grow, turned
+into ``job_events`` rows, and what the runner keeps from the events (the job's
+``progress``, ``run_end``, the profiler's verdict, artifact kinds, the last log lines).
+
+No I/O but reading the two files; the runner writes what :meth:`Observed.take` returns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAX_LOG_LINES_PER_EVENT", "MAX_READ_BYTES", "METRIC_EVENTS", "PREFLIGHT_PROGRESS",
+           "Observed", "Tail", "decode_event", "event_kind"]
+
+METRIC_EVENTS = {"epoch_start", "progress", "epoch_end", "profile", "preflight", "tune_candidate",
+                 "tune"}
+#: The preflight figures kept in a job's ``progress`` (the page and the SDK show them while
+#: the run goes on; the whole estimate is the result's ``preflight``).
+PREFLIGHT_PROGRESS = ("img_per_s", "epoch_s", "val_s", "total_s", "epochs", "peak_memory_mb",
+                      "memory_kind", "cost", "currency", "device")
+MAX_LOG_LINES_PER_EVENT = 500
+MAX_READ_BYTES = 4 << 20
+
+#: (kind, time unix seconds, payload): one ``job_events`` row to append.
+EventRow = tuple[str, float, dict[str, Any]]
+
+_PROGRESS_KEYS = ("phase", "epoch", "epochs", "step", "steps", "val_batch", "val_batches",
+                  "warmup", "measured", "eta_s", "img_per_s", "losses", "candidate",
+                  "candidate_index", "candidates", "trial", "trials", "trials_done",
+                  "trials_planned")
+_EPOCH_END_KEYS = ("epoch", "epochs", "losses", "metrics", "lr", "epoch_time_s", "fitness",
+                   "eta_s")
+
+
+class Tail:
+    """Complete lines appended to a file since ``offset`` (offset in bytes)."""
+
+    def __init__(self, path: Path, offset: int):
+        self.path, self.offset = path, offset
+
+    def read(self) -> tuple[list[bytes], int]:
+        """The complete lines after :attr:`offset` (at most :data:`MAX_READ_BYTES`) and the
+        offset just past them; ``([], offset)`` while the file is missing. A line longer
+        than the limit comes cut into pieces of that size. The caller moves :attr:`offset` once it has
+        kept the lines."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(MAX_READ_BYTES)
+        except FileNotFoundError:
+            return [], self.offset
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) < MAX_READ_BYTES:
+                return [], self.offset
+            end = len(data) - 1  # a huge line without newline: take it as is
+        chunk = data[: end + 1]
+        return chunk.splitlines(), self.offset + len(chunk)
+
+
+def event_kind(name: str) -> str:
+    """The ``job_events.kind`` of an engine event: ``artifact``, ``metric`` or ``status``."""
+    if name == "artifact":
+        return "artifact"
+    if name in METRIC_EVENTS:
+        return "metric"
+    return "status"
+
+
+def decode_event(raw: bytes) -> dict[str, Any] | None:
+    """One line of ``events.jsonl`` as an object; None for a blank line. A line that is not
+    a JSON object becomes ``{"event": "bad_event_line", "line": <its first 2000 chars>}``."""
+    if not raw.strip():
+        return None
+    try:
+        ev = json.loads(raw)
+        if not isinstance(ev, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        ev = {"event": "bad_event_line", "line": raw.decode("utf-8", "replace")[:2000]}
+    return ev
+
+
+class Observed:
+    """What the runner keeps from one attempt's engine events.
+
+    Args:
+        progress: the job's ``progress`` so far (an earlier attempt's, on a resume).
+        log_tail_lines: how many of the last log lines :attr:`log_tail` keeps.
+    """
+
+    def __init__(self, progress: dict[str, Any] | None, *, log_tail_lines: int):
+        self.progress: dict[str, Any] = dict(progress or {})
+        self.run_end: dict[str, Any] | None = None
+        self.profile: dict[str, Any] | None = None
+        self.artifact_kinds: dict[str, str] = {}  # relative path -> kind the engine named
+        self.log_tail: list[str] = []
+        self.log_tail_lines = log_tail_lines
+
+    def take(self, event_lines: list[bytes], log_lines: list[bytes]) -> list[EventRow]:
+        """Observe new lines of ``events.jsonl`` and ``train.log``; the rows to append:
+        one per event, then the log lines in events of at most
+        :data:`MAX_LOG_LINES_PER_EVENT` lines."""
+        rows: list[EventRow] = []
+        for raw in event_lines:
+            ev = decode_event(raw)
+            if ev is None:
+                continue
+            name = str(ev.get("event", "unknown"))
+            self.observe(name, ev)
+            rows.append((event_kind(name), float(ev.get("time") or time.time()), ev))
+        if log_lines:
+            text = [ln.decode("utf-8", "replace").rstrip("\r") for ln in log_lines]
+            self.log_tail = (self.log_tail + text)[-self.log_tail_lines:]
+            now = time.time()
+            for i in range(0, len(text), MAX_LOG_LINES_PER_EVENT):
+                rows.append(("log", now, {"event": "log",
+                                          "lines": text[i:i + MAX_LOG_LINES_PER_EVENT]}))
+        return rows
+
+    def observe(self, name: str, ev: dict[str, Any]) -> None:
+        """Fold one engine event named ``name`` into the kept state."""
+        if name in ("progress", "epoch_start"):
+            for k in _PROGRESS_KEYS:
+                if k in ev:
+                    self.progress[k] = ev[k]
+        elif name == "preflight":
+            self.progress["preflight"] = {k: ev.get(k) for k in PREFLIGHT_PROGRESS}
+        elif name == "epoch_end":
+            for k in ("phase", "val_batch", "val_batches"):  # the epoch's phases are over
+                self.progress.pop(k, None)
+            for k in _EPOCH_END_KEYS:
+                if k in ev:
+                    self.progress[k] = ev[k]
+            if "epoch" in ev:  # kept in progress so that a resumed attempt still knows it
+                self.progress["epochs_completed"] = ev["epoch"]
+            if ev.get("is_best"):
+                self.progress["best_epoch"] = ev.get("epoch")
+        elif name == "artifact" and isinstance(ev.get("path"), str):
+            self.artifact_kinds[ev["path"]] = str(ev.get("kind") or "other")
+        elif name == "run_end":
+            self.run_end = ev
+        elif name == "profile":
+            self.profile = ev
