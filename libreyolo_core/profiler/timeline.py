@@ -182,12 +182,12 @@ def _panel(p: Mapping[str, Any]) -> str:
         for c in p.get("categories", [])
     )
     gpu = bool(p.get("top_kernels"))
-    top = p.get("top_kernels") if gpu else (p.get("ops") or [])[:8]
-    key, pct = ("kernel", "pct_of_gpu") if gpu else ("op", "pct_of_cpu_ops")
+    top = (p.get("top_kernels") or []) if gpu else (p.get("ops") or [])[:8]
+    key, share = ("kernel", "pct_of_gpu") if gpu else ("op", "pct_of_cpu_ops")
     tops = "".join(
         f'<tr><td title="{html.escape(str(r.get("raw_name", r[key])))}">'
         f"{html.escape(str(r[key]))[:48]}</td><td>{r['ms_per_step']:.3f}</td>"
-        f"<td>{r[pct]:.1f}%</td></tr>"
+        f"<td>{r[share]:.1f}%</td></tr>"
         for r in top
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.get("notes", []))
