@@ -55,7 +55,7 @@ class EventNotifier:
         self.running = False
         self.checks = 0
         self._waiters: dict[str, set[_Waiter]] = {}
-        self._seen: dict[str, tuple[int, str | None]] = {}  # job -> (event_seq, status)
+        self._seen: dict[str, tuple[float, str | None]] = {}  # job -> (event_seq, status)
 
     async def wait(self, job_id: str, after: int, timeout: float = math.inf) -> None:
         """Return once job ``job_id`` has an event past seq ``after`` (or its row is gone
@@ -122,7 +122,7 @@ class EventNotifier:
 
     def _wake(self, jobs: list[str], rows: dict[str, tuple[int, str]]) -> None:
         for job_id in jobs:
-            state = rows.get(job_id, (math.inf, None))  # a vanished row: wake, the stream ends
+            state: tuple[float, str | None] = rows.get(job_id, (math.inf, None))  # vanished: wake, end
             self._seen[job_id] = state
             for waiter in list(self._waiters.get(job_id, ())):
                 if state[0] > waiter.after:

@@ -272,7 +272,7 @@ def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> Job
     done = job_store.request_cancel(session=session, job_id=job_id)
     session.commit()
     session.expire_all()
-    job = session.get(Job, job_id)
+    job = session.get_one(Job, job_id)
     if job.status in TERMINAL and not (done and job.status == JobStatus.CANCELLED):
         raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
     return job_public(job, session=session, settings=settings)
