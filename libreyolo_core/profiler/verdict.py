@@ -1,6 +1,6 @@
 """The four verdicts, their thresholds (all in one place) and the sentence that explains one.
 
-Order of the rules (reference A.3, LibreYOLO's newer profiler):
+Order of the rules (LibreYOLO's newer profiler; docs/architecture.md, Profiler):
 
 1. ``memory-pressure`` — ``cuda_mallocs_per_step >= MALLOCS_PER_STEP`` or
    ``gpu_util_raw > UTIL_RAW_OVER`` (allocator thrash: the busy time overlaps itself, so

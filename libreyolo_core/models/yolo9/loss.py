@@ -6,8 +6,8 @@ Sources:
 * Distribution Focal Loss: Li et al., "Generalized Focal Loss" (NeurIPS 2020).
 * Complete IoU: Zheng et al. (AAAI 2020 / TCYB 2021).
 * Recipe (gains 7.5 / 1.5 / 0.5, normalisation by the soft-target sum, assignment
-  details): Wang et al., "YOLOv9" (2024) and its reference implementation (reference
-  spec F.1).
+  details): Wang et al., "YOLOv9" (2024), its reference implementation and LibreYOLO 1.6
+  (``tests/models/test_loss_reference.py`` compares the numbers).
 
 Everything is vectorised over the batch: targets are padded to ``(B, M, ...)`` with a
 mask and matched with dense ``(B, M, A)`` tensors; there are no per-image or per-box

@@ -2,7 +2,7 @@
 
 Source: Wang, Yeh & Liao, "YOLOv9: Learning What You Want to Learn Using Programmable
 Gradient Information" (2024); block layout and widths follow the reference
-implementation's t/s configurations (see docs: reference F.1). Only the plain detection
+implementation's t/s configurations (docs/architecture.md, Models). Only the plain detection
 path is built (no PGI auxiliary branch).
 
 Forward contract (:class:`YOLO9`): input ``(B, 3, H, W)`` float RGB in [0, 1] with ``H``
@@ -286,7 +286,7 @@ class DDetect(nn.Module):
 
 @dataclass(frozen=True)
 class YOLO9Config:
-    """Widths of one YOLOv9 size (reference F.1 table).
+    """Widths of one YOLOv9 size (docs/architecture.md, Models).
 
     Attributes:
         stem: output channels of the two stride-2 stem convs.
