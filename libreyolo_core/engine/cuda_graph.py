@@ -1,6 +1,6 @@
 """CUDA-graph capture of the network's forward and backward during training.
 
-Spec: ``spec-training.md`` section 3; detail in section C of ``reference-libreyolo.md``.
+Design: ``docs/architecture.md``, "Trainer".
 
 What is captured
     Only the network: ``outputs = model(images)`` in train mode and the matching backward
