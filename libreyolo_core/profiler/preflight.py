@@ -503,7 +503,7 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
             result = run_trial(cfg.data, model, project=root, name="trial" if i == 0 else "trial_no_mosaic",
                                warmup=warmup, steps=steps, epochs=cfg.epochs, stdout=sink,
                                profile_trace=False, **{**keys, **aug})
-            done.append(Phase(name, n, result.profile))
+            done.append(Phase(name, n, ProfileRecord.of(result.profile)))
             if i == 0:
                 first_dir = result.run_dir
                 starts = [e for e in read_events(result.run_dir / "events.jsonl")
