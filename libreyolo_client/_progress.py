@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from libreyolo_client._models import Event
 
@@ -18,6 +18,15 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+_SIGNIFICANCE: dict[Any, str] = {True: "significant", False: "not significant"}
+
+
+def significance_word(value: Any) -> str:
+    """A ``tune_candidate`` event's ``significant`` field in words: ``significant``,
+    ``not significant``, or ``no call`` (absent or null: too few trials to tell)."""
+    return _SIGNIFICANCE.get(value, "no call")
 
 
 def progress_text(d: dict) -> str:
@@ -110,7 +119,7 @@ class EventPrinter:
             self._line(f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
                        f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s")
         elif name == "tune_candidate":
-            sig = {True: "significant", False: "not significant"}.get(d.get("significant"), "no call")
+            sig = significance_word(d.get("significant"))
             self._line(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, {sig}"
                        + (", recommendable" if d.get("recommendable") else ""))
         elif name == "tune":

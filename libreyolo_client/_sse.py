@@ -25,7 +25,9 @@ class SSEParser:
     """
 
     def __init__(self) -> None:
-        self._event, self._data, self._id = "", [], None
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
 
     def feed(self, line: str) -> SSEvent | None:
         line = line.rstrip("\r")

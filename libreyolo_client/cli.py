@@ -23,7 +23,12 @@ import typer
 from libreyolo_client._client import Client, Job
 from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
-from libreyolo_client._progress import format_bytes, format_metrics, progress_text
+from libreyolo_client._progress import (
+    format_bytes,
+    format_metrics,
+    progress_text,
+    significance_word,
+)
 
 __all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text"]
 
@@ -187,8 +192,7 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                            completed=int(d.get("trials_done") or 0),
                            detail=progress_text(d).replace("  ", " "))
             elif name == "tune_candidate":
-                sig = {True: "significant", False: "not significant"}.get(d.get("significant"),
-                                                                          "no call")
+                sig = significance_word(d.get("significant"))
                 bar.console.print(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, "
                                   f"{sig}" + (", recommendable" if d.get("recommendable") else ""))
             elif name == "preflight":

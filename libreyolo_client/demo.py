@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from libreyolo_client import Client, JobError, LibreYOLOError
 from libreyolo_client._progress import format_metrics
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: shapes are 12-38 px while a fresh YOLOv9 head predicts ~120 px boxes, so the task-aligned
 #: assigner's IoU-scaled targets start ~4x weaker; in a 30-epoch run the class whose boxes
 #: are learned first then starves the other: squares stayed at AP 0.0 with seed 0.)
-EASY_SET = {"n_train": 64, "n_val": 16, "imgsz": 128, "nc": 2, "size_range": (0.3, 0.6),
+EASY_SET: dict[str, Any] = {"n_train": 64, "n_val": 16, "imgsz": 128, "nc": 2, "size_range": (0.3, 0.6),
             "max_shapes": 2}
 #: the mAP50 the demo calls "learned" (issue 13: a visibly learned model).
 LEARNED_MAP50 = 0.3

@@ -371,7 +371,8 @@ def _exit_for(exc: Exception) -> int:
     from libreyolo_core.profiler import ProfileWindowError
 
     if type(exc).__name__ == "TuneInterrupted":
-        where = f"; what was measured is in {exc.path}" if getattr(exc, "path", None) else ""
+        path = getattr(exc, "path", None)
+        where = f"; what was measured is in {path}" if path else ""
         print(f"tune interrupted ({exc}){where}", file=sys.stderr)
         return EXIT_SIGTERM
     interrupted = type(exc).__name__ == "TrainingInterrupted"

@@ -344,8 +344,8 @@ def _allowed(key: str) -> str:
     if info is None:
         return ""
     ann = info.annotation
-    parts = [getattr(ann, "__name__", None) if isinstance(ann, type) else str(ann)]
-    parts = [str(parts[0]).replace("typing.", "")]
+    name = getattr(ann, "__name__", None) if isinstance(ann, type) else str(ann)
+    parts = [str(name).replace("typing.", "")]
     for meta in info.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             if getattr(meta, attr, None) is not None:

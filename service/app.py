@@ -18,10 +18,12 @@ from service.api.methods import OptionsMiddleware
 from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
 from service.metrics import ServiceCollector
+from service.outlook_cache import OutlookCache
 from service.queue import create_celery, enqueue
 from service.reaper import reaper_loop
 from service.settings import Settings
 from service.storage import ArtifactStore
+from service.streams import EventNotifier
 from service.web import install as install_web
 
 __all__ = ["create_app"]
@@ -51,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     Returns:
         The FastAPI app. Its lifespan runs the reaper (unless ``reaper_enabled`` is false)
-        and disposes the database engine on shutdown. ``/docs`` (Swagger UI) loads
+        and the SSE streams' poller (:class:`~service.streams.EventNotifier`), and disposes the database engine on shutdown. ``/docs`` (Swagger UI) loads
         its scripts from this service (fastapi-offline's copies), never from a CDN (there
         is no ``/redoc``: ReDoc fetches its logo from one); ``/openapi.json`` documents every error as problem+json.
     """
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with anyio.create_task_group() as tg:
             if settings.reaper_enabled:
                 tg.start_soon(reaper_loop, app.state.sessions, settings, app.state.send)
+            tg.start_soon(app.state.notifier.run)
             try:
                 yield
             finally:
@@ -83,6 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = celery
     app.state.send = lambda job_id, queue, priority: enqueue(celery, job_id, queue, priority)
     app.state.store = ArtifactStore(settings.artifact_root)
+    app.state.notifier = EventNotifier(app.state.sessions, settings.sse_poll_s)
+    app.state.outlooks = OutlookCache()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(app.state.sessions, settings.worker_ttl_s))
     app.state.registry = registry

@@ -124,17 +124,27 @@ def token_create(
 def serve(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="API processes on this port (each "
+                                         "with its reaper and its SSE poller)")] = 1,
+    access_log: Annotated[bool, typer.Option(help="log every request (costs CPU per request)")] = False,
 ) -> None:
     """Run the API (and its reaper) with uvicorn, after applying migrations."""
     import uvicorn
 
     from service.app import create_app
     from service.db.migrate import upgrade
+    from service.nodelay import NoDelayH11Protocol
 
     settings = _settings()
     upgrade(settings.database_url)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=5)
+    # several processes: uvicorn's supervisor imports the factory in each (settings from
+    # the same environment); see docs/scaling.md
+    target = "service.app:create_app" if workers > 1 else create_app(settings)
+    # the supervisor kills a process that answers no health ping for this long; the pong
+    # needs the GIL, which a saturated process may not give it within uvicorn's 5 s
+    uvicorn.run(target, factory=workers > 1, workers=workers, host=host, port=port,
+                log_level="info", access_log=access_log, timeout_graceful_shutdown=5,
+                timeout_worker_healthcheck=60, http=NoDelayH11Protocol)
 
 
 def _worker_argv(gpus: str | None, cpu: bool) -> list[str]:

@@ -282,7 +282,7 @@ def _typical_duration(session: Session, queue: str) -> float | None:
         .where(Job.queue == queue, Job.status == JobStatus.SUCCEEDED, Job.started_at.is_not(None),
                Job.finished_at.is_not(None))
         .order_by(Job.finished_at.desc()).limit(ETA_HISTORY)).all()
-    spans = [(f - s).total_seconds() for s, f in rows if f >= s]
+    spans = [(f - s).total_seconds() for s, f in rows if s is not None and f is not None and f >= s]
     return statistics.median(spans) if spans else None
 
 

@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     resend_after_s: float = Field(
         600.0, gt=0, description="re-send the message of a job queued this long (lost message)"
     )
-    sse_poll_s: float = Field(0.25, gt=0, description="SSE: database poll interval")
+    sse_poll_s: float = Field(0.25, gt=0, description="SSE: how often each API process "
+                              "checks for new events (one statement, whatever the number of "
+                              "open streams; service/streams.py)")
     sse_ping_s: float = Field(15.0, gt=0, description="SSE: keep-alive comment interval")
     max_upload_bytes: int = Field(2 << 30, gt=0, description="dataset zip size cap")
     max_uncompressed_bytes: int = Field(8 << 30, gt=0, description="dataset total inflated size cap")

@@ -12,8 +12,9 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
+from typing import cast
 
-from sqlalchemy import delete, update
+from sqlalchemy import CursorResult, delete, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -55,8 +56,9 @@ class Heartbeat:
         """Write the row once (insert, or renew ``last_seen_at``)."""
         now = utcnow()
         with self.sessions() as s:
-            n = s.execute(update(WorkerRow).where(WorkerRow.name == self.name).values(
-                last_seen_at=now, queues=self.queues, gpus=self.gpus)).rowcount
+            result = s.execute(update(WorkerRow).where(WorkerRow.name == self.name).values(
+                last_seen_at=now, queues=self.queues, gpus=self.gpus))
+            n = cast(CursorResult, result).rowcount
             if not n:
                 s.add(WorkerRow(name=self.name, host=socket.gethostname(), pid=os.getpid(),
                                 queues=self.queues, gpus=self.gpus, started_at=now,

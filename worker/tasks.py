@@ -40,7 +40,7 @@ def poll_interval_step(interval_s: float) -> type[bootsteps.StartStopStep]:
 
         def start(self, c) -> None:
             transport = getattr(c.connection, "transport", None)
-            if getattr(transport, "polling_interval", None) is not None:
+            if transport is not None and getattr(transport, "polling_interval", None) is not None:
                 transport.polling_interval = interval_s
 
     return PollInterval
@@ -89,6 +89,6 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
     worker_ready.connect(on_ready, weak=False)
     worker_shutdown.connect(on_worker_shutdown, weak=False)
     app.steps["consumer"].add(poll_interval_step(settings.broker_poll_s))
-    app.libreyolo_stop = stop  # type: ignore[attr-defined]
-    app.libreyolo_heartbeat = heartbeat  # type: ignore[attr-defined]
+    app.libreyolo_stop = stop
+    app.libreyolo_heartbeat = heartbeat
     return app

@@ -107,8 +107,7 @@ def _decode(path: Path, max_side: int | None) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # palette-transparency chatter
             im.load()
-            im = ImageOps.exif_transpose(im)
-            return to_rgb_array(im)
+            return to_rgb_array(ImageOps.exif_transpose(im))
 
 
 def to_rgb_array(im: Image.Image) -> np.ndarray:

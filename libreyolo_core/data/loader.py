@@ -153,7 +153,7 @@ def build_dataloader(
     workers = min(workers, os.cpu_count() or 1)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed
     )
     generator = torch.Generator()

@@ -188,8 +188,8 @@ def format_report(report: ScanReport) -> str:
     for kind, desc in DEFECT_KINDS.items():
         lines.append(f"    {kind:<17} {report.defects.get(kind, 0):>6}  {desc}")
     lines.append(f"  orphan label files (no image): {len(report.orphan_labels)}")
-    for p in report.orphan_labels[:10]:
-        lines.append(f"    {p}")
+    for orphan in report.orphan_labels[:10]:
+        lines.append(f"    {orphan}")
     if len(report.orphan_labels) > 10:
         lines.append(f"    ... and {len(report.orphan_labels) - 10} more")
     for p, reason in report.skipped[:10]:

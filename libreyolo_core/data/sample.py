@@ -164,9 +164,9 @@ def _make_image(rng: np.random.Generator, imgsz: int, nc: int, size_range: tuple
             continue
         cls = int(rng.integers(0, nc))
         colour = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in _COLOURS[cls])
-        x1, y1, x2, y2 = _draw(img, cls, box, colour)
+        bx1, by1, bx2, by2 = _draw(img, cls, box, colour)  # exact extent, float pixels
         placed.append(box)
-        rows.append((cls, (x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h))
+        rows.append((cls, (bx1 + bx2) / 2 / w, (by1 + by2) / 2 / h, (bx2 - bx1) / w, (by2 - by1) / h))
     return img, rows
 
 

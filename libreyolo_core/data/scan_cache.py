@@ -16,6 +16,7 @@ import stat
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def save_cache(path: Path, key: str, report: ScanReport) -> None:
         "files": [str(r.im_file) for r in report.records],
     }
     labels = [r.labels for r in report.records]
-    arrays = {
+    arrays: dict[str, Any] = {  # Any: savez also takes a bool keyword (allow_pickle)
         "meta": np.array(json.dumps(meta)),
         "shapes": np.array([r.shape for r in report.records], np.int64).reshape(-1, 2),
         "counts": np.array([len(x) for x in labels], np.int64),

@@ -1,5 +1,5 @@
 """Autobatch (``batch=-1``): the largest batch that fits a share of one GPU's memory,
-then the global batch of a DDP job (reference D.5, spec-training §4).
+then the global batch of a DDP job (docs/architecture.md, Multi-device).
 
 Method (Ultralytics' and LibreYOLO's ``autobatch``): run real train-mode
 forward + backward passes at batch 1, 2, 4, ... on zero images, record the peak memory

@@ -1,4 +1,4 @@
-"""The global batch and its split over ranks (reference D.4). Torch-free: the API process
+"""The global batch and its split over ranks (docs/architecture.md, Multi-device). Torch-free: the API process
 uses it to reject a bad job before it is queued."""
 
 from __future__ import annotations

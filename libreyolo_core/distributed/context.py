@@ -1,5 +1,5 @@
 """The process group of a DDP run: the torchrun environment, backend choice, global batch
-split and the few collectives the trainer needs (reference D.2-D.4, spec-training §4).
+split and the few collectives the trainer needs (docs/architecture.md, Multi-device).
 
 A run is distributed when the torchrun variables ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE`` are set and ``WORLD_SIZE > 1``; the spawn launcher
@@ -47,7 +47,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Default process-group timeout (reference D.3): long enough for rank 0's validation of a
+#: Default process-group timeout (docs/architecture.md, Multi-device): long enough for rank 0's validation of a
 #: big set. Override with :data:`TIMEOUT_ENV`.
 PG_TIMEOUT = datetime.timedelta(hours=3)
 #: Environment variable holding the process-group timeout in seconds.
@@ -242,7 +242,7 @@ def mean_normalizer(ctx: DistContext) -> Callable[[torch.Tensor], torch.Tensor]:
     A loss that divides by its positive count (YOLOv9's target-score sum, YOLOX's
     ``num_fg``) then divides by the *global* count spread evenly over ranks, so that the
     DDP average of the ranks' gradients equals the gradient of one process that saw the
-    whole global batch (reference D.4; no extra world-size factor). The input is a
+    whole global batch (docs/architecture.md, Multi-device; no extra world-size factor). The input is a
     detached scalar; the result carries no gradient.
     """
 

@@ -1,4 +1,4 @@
-"""Parse the ``device`` key into a torch device (reference D.1)."""
+"""Parse the ``device`` key into a torch device (docs/architecture.md, Multi-device)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -178,7 +178,9 @@ def spawn_train(
         if model is not None and not cfg.resume:
             weights = str(Path(tmp) / "weights.pt")
             state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-            torch.save({"nc": int(nc if nc is not None else model.nc), "model": state}, weights)
+            # every family's model carries an int ``nc`` (nn.Module types it Tensor | Module)
+            model_nc = nc if nc is not None else cast(int, model.nc)
+            torch.save({"nc": int(model_nc), "model": state}, weights)
         result_path = str(Path(tmp) / "result.json")
         port = free_port()
         with _visible_devices(cuda_ids):

@@ -1,4 +1,4 @@
-"""Mixed precision policy (``docs/architecture.md``, "Trainer").
+"""Mixed precision policy (docs/architecture.md, Trainer).
 
 - CUDA + ``amp``: autocast with ``amp_dtype``; float16 gets a working ``GradScaler``,
   bfloat16 a constructed but disabled one (same optimizer path).

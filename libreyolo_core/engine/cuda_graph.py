@@ -1,6 +1,6 @@
 """CUDA-graph capture of the network's forward and backward during training.
 
-Design: ``docs/architecture.md``, "Trainer".
+Contract: docs/architecture.md, Trainer (CUDA graphs).
 
 What is captured
     Only the network: ``outputs = model(images)`` in train mode and the matching backward

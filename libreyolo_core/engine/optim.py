@@ -1,6 +1,6 @@
 """Optimizer parameter groups, gradient accumulation and the LR / momentum schedules.
 
-Schedules follow LibreYOLO (reference E.3): ``linear`` (YOLOv9: linear warm-up, then
+Schedules follow LibreYOLO 1.6 (docs/architecture.md, Trainer): ``linear`` (YOLOv9: linear warm-up, then
 linear decay to ``lr0 * min_lr_ratio``), ``cos`` / ``warmcos`` (linear warm-up, then
 cosine), ``yoloxwarmcos`` (YOLOX, Ge et al. 2021: quadratic warm-up, cosine, then a flat
 tail at the minimum for the last ``no_aug_epochs``). Momentum warms up linearly from

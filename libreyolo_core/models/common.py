@@ -13,6 +13,7 @@ layout as in YOLOv9 (Wang et al., 2024) / YOLOv8 (cell centres, offset 0.5).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +66,7 @@ class Conv(nn.Module):
 
     def fuse(self) -> Conv:
         """Fold the BatchNorm (running statistics) into the convolution; idempotent."""
-        if not self.fused:
+        if isinstance(self.bn, nn.BatchNorm2d):  # not fused yet
             self.conv = fuse_conv_bn(self.conv, self.bn)
             self.bn = nn.Identity()
         return self
@@ -78,21 +79,30 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     ``w' = w * g / sqrt(var + eps)``, ``b' = beta + (b - mean) * g / sqrt(var + eps)``.
     The new conv has the same geometry (kernel, stride, padding, groups, dilation) and
     lives on the same device and dtype as ``conv``.
+
+    Raises:
+        ValueError: ``bn`` keeps no running statistics (``track_running_stats=False``).
     """
+    mean, var = bn.running_mean, bn.running_var
+    if mean is None or var is None:
+        raise ValueError("fuse_conv_bn needs a BatchNorm with running statistics")
+    # _ConvNd types the geometry as tuple[int, ...]; a Conv2d's is always 2-D
+    Pair = tuple[int, int]
     fused = nn.Conv2d(
         conv.in_channels,
         conv.out_channels,
-        conv.kernel_size,
-        conv.stride,
-        conv.padding,
-        conv.dilation,
+        cast(Pair, conv.kernel_size),
+        cast(Pair, conv.stride),
+        cast("str | Pair", conv.padding),
+        cast(Pair, conv.dilation),
         conv.groups,
         bias=True,
     ).to(device=conv.weight.device, dtype=conv.weight.dtype)
-    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    scale = bn.weight / torch.sqrt(var + bn.eps)
     fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
-    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
-    fused.bias.copy_(bn.bias + (bias - bn.running_mean) * scale)
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(mean)
+    assert fused.bias is not None  # built with bias=True
+    fused.bias.copy_(bn.bias + (bias - mean) * scale)
     fused.requires_grad_(False)
     return fused
 

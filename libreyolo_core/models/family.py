@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from libreyolo_core.config import TrainConfig
+
+_Loss = TypeVar("_Loss", bound="nn.Module")
 
 __all__ = ["Family"]
 
@@ -79,9 +81,10 @@ class Family:
             raise ValueError(f"unknown {self.title} size {size!r}; choose one of {', '.join(self.sizes)}")
 
     # -- builders (every family implements these) ---------------------------------------
-    def build_model(self, size: str, nc: int, **arch: Any) -> nn.Module:
-        """A freshly initialised network of ``size`` with ``nc`` classes; ``arch`` are the
-        keywords :meth:`arch_from_state` returns.
+    def build_model(self, size: str, nc: int) -> nn.Module:
+        """A freshly initialised network of ``size`` with ``nc`` classes. A family whose
+        architecture varies beyond those adds optional keywords: the ones
+        :meth:`arch_from_state` returns.
 
         Raises:
             ValueError: unknown size or ``nc < 1``.
@@ -130,7 +133,7 @@ class Family:
 
     # -- shared helpers -----------------------------------------------------------------
     @staticmethod
-    def _on_model_device(loss: nn.Module, model: nn.Module) -> nn.Module:
+    def _on_model_device(loss: _Loss, model: nn.Module) -> _Loss:
         """``loss`` moved to the device of ``model``'s parameters (CPU when it has none)."""
         import torch
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -51,12 +52,12 @@ def model_info(model: nn.Module, imgsz: int | tuple[int, int] = 640, fuse: bool 
         ``{"params": int, "params_fused": int, "gflops": float, "fused": bool}``;
         ``params`` is the model as given (training form).
     """
-    info = {"params": count_params(model)}
+    info: dict[str, Any] = {"params": count_params(model)}
     target = model
     fused = False
     if fuse and hasattr(model, "fuse"):
         target = copy.deepcopy(model).eval()
-        target.fuse()
+        cast(Any, target).fuse()  # the model's own method (nn.Module types it Tensor | Module)
         fused = True
     info["params_fused"] = count_params(target)
     info["gflops"] = count_gflops(target, imgsz)

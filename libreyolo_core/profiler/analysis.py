@@ -1,7 +1,7 @@
 """Mining a ``torch.profiler`` Chrome trace: kernels, CPU ops, categories, phases.
 
 Input is the trace as written by ``export_chrome_trace`` (``{"traceEvents": [...]}``; times
-in microseconds). Method (reference A.2, LibreYOLO's newer ``analyze_trace``):
+in microseconds). Method (LibreYOLO's newer ``analyze_trace``; docs/architecture.md, Profiler):
 
 - Analysis window: ``ProfilerStep#N`` markers sorted by start; with 4 or more, from the 3rd
   marker's start to the start of the marker at index ``min(n - 1, 8)`` (skips two cold

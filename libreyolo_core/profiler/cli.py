@@ -196,11 +196,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_NO_PROFILE
     profiles = [r.profile for r in results]
     paths = [str(r.profile_path) for r in results]
-    final, final_path = profiles[-1], paths[-1]
+    final: ProfileRecord | dict[str, Any] = profiles[-1]
+    final_path = paths[-1]
     if len(profiles) >= 2:
-        final = aggregate(profiles, paths)
+        aggregated = aggregate(profiles, paths)
         final_path = str(project / "profile_repeat.json")
-        write_json(Path(final_path), final.to_dict())
+        write_json(Path(final_path), aggregated.to_dict())
+        final = aggregated
     trace = results[-1].trace_path
     result = {"profile": final_path, "trace": str(trace) if trace else None,
               **result_json(final)}

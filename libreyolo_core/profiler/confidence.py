@@ -140,7 +140,7 @@ def assess(step_ms: Sequence[float], dataload_ms: Sequence[float], load: WindowL
                 f"{V.MARGIN_SE:g} standard errors of the {100 * V.DATALOADER_FRAC:.0f}% "
                 "dataloader threshold: a close call")
     other = load.other_cpu_frac if load is not None else None
-    if other is not None and other >= V.LOADED_OTHER_FRAC:
+    if load is not None and other is not None and other >= V.LOADED_OTHER_FRAC:
         flags.append("loaded")
         reasons.append(
             f"other processes took {100 * other:.0f}% of the machine's CPU during the window "
@@ -156,7 +156,9 @@ def assess(step_ms: Sequence[float], dataload_ms: Sequence[float], load: WindowL
     )
 
 
-def combine_confidence(trials: Sequence[Confidence | None], bounds: Sequence[str]) -> Confidence:
+def combine_confidence(
+    trials: Sequence[Confidence | None], bounds: Sequence[str | None]
+) -> Confidence:
     """The confidence of ``--repeat`` trials: reliable when every trial is and their verdicts
     agree; each unreliable trial's reasons are kept, prefixed with its number."""
     reasons: list[str] = []

@@ -117,7 +117,8 @@ class WindowLoad:
         if not isinstance(d, dict):
             return None
         try:
-            return cls(**{f: d.get(f) for f in cls.__dataclass_fields__})  # type: ignore[arg-type]
+            fields: dict[str, Any] = {f: d.get(f) for f in cls.__dataclass_fields__}
+            return cls(**fields)
         except TypeError:
             return None
 

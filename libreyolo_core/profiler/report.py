@@ -283,6 +283,7 @@ def environment(before: ProfileRecord | Mapping[str, Any],
         missing = [n for n, f in (("before", fa), ("after", fb)) if f is None]
         return Environment(None, f"machine load not recorded for {' and '.join(missing)}: "
                            "the environment cannot be ruled out as the cause of the delta")
+    assert la is not None and lb is not None  # their fractions are set
     reasons: list[str] = []
     for name, load, frac in (("before", la, fa), ("after", lb, fb)):
         worst = load.other_cpu_frac_max if "other_cpu_frac_max" in load.model_fields_set else frac

@@ -184,11 +184,11 @@ def _panel(p: ProfileRecord) -> str:
     )
     gpu = bool(p.top_kernels)
     top = p.top_kernels if gpu else p.ops[:8]
-    key, pct = ("kernel", "pct_of_gpu") if gpu else ("op", "pct_of_cpu_ops")
+    key, share = ("kernel", "pct_of_gpu") if gpu else ("op", "pct_of_cpu_ops")
     tops = "".join(
         f'<tr><td title="{html.escape(str(r.get("raw_name", r[key])))}">'
         f"{html.escape(str(r[key]))[:48]}</td><td>{r['ms_per_step']:.3f}</td>"
-        f"<td>{r[pct]:.1f}%</td></tr>"
+        f"<td>{r[share]:.1f}%</td></tr>"
         for r in top
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
@@ -325,19 +325,19 @@ def render_timeline(profile: ProfileRecord | Mapping[str, Any],
                     trace: Mapping[str, Any] | None) -> str:
     """The HTML text of ``timeline.html`` for ``profile`` (a record or ``profile.json``'s
     JSON; and its trace, if any)."""
-    profile = ProfileRecord.of(profile)
+    rec = ProfileRecord.of(profile)
     tl = timeline_data(trace)
     data = json.dumps(
-        {"profile": {"bound": profile.bound, "steps": profile.steps}, "timeline": tl},
+        {"profile": {"bound": rec.bound, "steps": rec.steps}, "timeline": tl},
         separators=(",", ":"),
     )
     data = data.replace("<", "\\u003c")  # only inside JSON strings: no "</script>" can appear
-    title = html.escape(f"{profile.model or 'profile'} — {profile.bound}")
+    title = html.escape(f"{rec.model or 'profile'} — {rec.bound}")
     counts = ", ".join(f"{k}: {len(v)}" for k, v in tl["lanes"].items()) or "no trace events"
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>LibreYOLO profile: {title}</title><style>{_CSS}</style></head><body>"
-        f'<div id="side"><h2 style="margin:0 0 8px">{title}</h2>{_panel(profile)}</div>'
+        f'<div id="side"><h2 style="margin:0 0 8px">{title}</h2>{_panel(rec)}</div>'
         '<div id="main"><div id="bar">wheel: zoom · drag: pan · double-click: reset · '
         '<label><input type="checkbox" id="flows" checked> launch flows</label> '
         f'<button id="reset">reset</button> <span style="color:#666">{html.escape(counts)}'

@@ -48,8 +48,8 @@ class TrialResult:
     run_dir: Path
     profile_path: Path
     trace_path: Path | None
-    verdict: str
-    bound_why: str
+    verdict: str | None
+    bound_why: str | None
     lever: dict[str, Any]
     img_per_s: float | None
     step_ms: float | None

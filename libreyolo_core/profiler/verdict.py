@@ -1,6 +1,6 @@
 """The four verdicts, their thresholds (all in one place) and the sentence that explains one.
 
-Order of the rules (reference A.3, LibreYOLO's newer profiler):
+Order of the rules (LibreYOLO's newer profiler; docs/architecture.md, Profiler):
 
 1. ``memory-pressure`` — ``cuda_mallocs_per_step >= MALLOCS_PER_STEP`` or
    ``gpu_util_raw > UTIL_RAW_OVER`` (allocator thrash: the busy time overlaps itself, so
@@ -110,7 +110,8 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
     import os
 
     batch = int(config.get("batch") or 16)
-    workers = int(config.get("workers") if config.get("workers") is not None else 4)
+    workers_set = config.get("workers")
+    workers = int(workers_set if workers_set is not None else 4)
     cores = cpu_count or os.cpu_count() or 1
     cpu = str(config.get("device", "cpu")).startswith("cpu")
     params: dict[str, Any] = {}
@@ -191,7 +192,8 @@ def decide(fig: Mapping[str, Any]) -> tuple[str, str]:
             "threshold, so the step is spent computing"
         )
     util = float(util)
-    raw = float(fig.get("gpu_util_raw") if fig.get("gpu_util_raw") is not None else util)
+    util_raw = fig.get("gpu_util_raw")
+    raw = float(util_raw if util_raw is not None else util)
     mallocs = float(fig.get("cuda_mallocs_per_step") or 0.0)
     busy = float(fig.get("gpu_busy_ms_per_step") or 0.0)
     if mallocs >= MALLOCS_PER_STEP or raw > UTIL_RAW_OVER:
@@ -221,7 +223,7 @@ def decide(fig: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
-def combine(bounds: Sequence[str]) -> str:
+def combine(bounds: Sequence[str | None]) -> str | None:
     """The verdict of several repeat trials: theirs when they agree, else ``mixed``."""
     unique = set(bounds)
     if len(unique) == 1:

@@ -212,6 +212,7 @@ def load_weights(path: str | Path, expect: str | None = None) -> LoadedWeights:
                     expect, family, size)
     family_mod = get_family(family)
     nc = _class_count(family_mod, state)
+    assert nc is not None  # detect_model found the family by its class tensors
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     imgsz = meta.get("imgsz")
     return LoadedWeights(

@@ -158,7 +158,7 @@ def yolo9_from_upstream(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, to
             continue
         prefix = UPSTREAM_YOLO9_LAYERS.get(layer)
         suffix = _upstream_suffix(layer, rest.split(".")) if prefix else None
-        if suffix is not None:
+        if prefix and suffix is not None:
             out[".".join([prefix, *suffix])] = value
     return out, aux
 

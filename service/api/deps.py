@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import AsyncIterator
+from typing import Annotated, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
@@ -22,18 +22,22 @@ __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "
            "check_same_origin", "current_user", "owned_job", "OWNED_JOB_ERRORS"]
 
 LOCAL_ADMIN = "local"
+_Row = TypeVar("_Row")
 
 
-def get_settings(request: Request) -> Settings:
+# async: FastAPI runs a plain ``def`` dependency in the thread pool, a hop that costs more
+# than these do (docs/architecture.md, "Hot reads")
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> ArtifactStore:
+async def get_store(request: Request) -> ArtifactStore:
     return request.app.state.store
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """One session per request; routes commit their own unit of work."""
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """One session per request; routes commit their own unit of work. Opening one does no
+    I/O; closing it hands its connection back to the pool."""
     with request.app.state.sessions() as session:
         yield session
 
@@ -100,7 +104,7 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         user = user_for_token(session, token.strip())
         if user is None:
             raise Problem(401, "unknown or revoked token", headers=_UNAUTHORIZED)
-        return user
+        return _released(session, user)
     cookie = request.cookies.get(TOKEN_COOKIE)
     if cookie:
         if request.method not in SAFE_METHODS:
@@ -108,7 +112,7 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         user = user_for_token(session, cookie)
         if user is None:
             raise Problem(401, "unknown or revoked token: sign in again", headers=_UNAUTHORIZED)
-        return user
+        return _released(session, user)
     if not settings.require_token:
         user = session.scalar(select(User).where(User.name == LOCAL_ADMIN))
         if user is None:
@@ -118,6 +122,15 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         return user
     raise Problem(401, "missing bearer token: send 'Authorization: Bearer <token>' "
                   "(create one with `libreyolo-service token create`)", headers=_UNAUTHORIZED)
+
+
+def _released(session: Session, row: _Row) -> _Row:
+    """End the dependency's read (the row stays loaded) so the request holds no pooled
+    connection while it waits for its next thread-pool hop: with hundreds of requests at
+    once (SSE clients reconnecting), requests holding every connection while waiting for a
+    thread, and threads waiting for a connection, deadlocked until the pool timed out."""
+    session.commit()
+    return row
 
 
 CurrentUser = Annotated[User, Depends(current_user)]
@@ -135,7 +148,7 @@ def owned_job(job_id: str, user: CurrentUser, session: SessionDep) -> Job:
     job = get_owned(session=session, job_id=job_id, user=user)
     if job is None:
         raise Problem(404, f"job {job_id!r} not found")
-    return job
+    return _released(session, job)
 
 
 OwnedJob = Annotated[Job, Depends(owned_job)]

@@ -12,7 +12,7 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
-from service.api.deps import OWNED_JOB_ERRORS, OwnedJob, SettingsDep, StoreDep
+from service.api.deps import OWNED_JOB_ERRORS, OwnedJob, SessionDep, SettingsDep, StoreDep
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent
 from service.lifecycle import TERMINAL
@@ -26,20 +26,24 @@ def _event_public(e: JobEvent) -> EventPublic:
     return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
 
 
+def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    rows = session.scalars(
+        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+        .order_by(JobEvent.seq).limit(limit)
+    ).all()
+    return [_event_public(e) for e in rows], status
+
+
 def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
     with sessions() as session:
-        status = session.scalar(select(Job.status).where(Job.id == job_id))
-        rows = session.scalars(
-            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-            .order_by(JobEvent.seq).limit(limit)
-        ).all()
-        return [_event_public(e) for e in rows], status
+        return _events_after(session, job_id, after, limit)
 
 
 @router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
             responses=OWNED_JOB_ERRORS)
 def list_events(
-    job: OwnedJob, request: Request,
+    job: OwnedJob, session: SessionDep,
     after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> EventsPage:
@@ -49,7 +53,8 @@ def list_events(
     progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
     in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
     """
-    events, status = _fetch_events(request.app.state.sessions, job.id, after, limit)
+    # the request's session: a second one per request deadlocked the pool at 16 clients
+    events, status = _events_after(session, job.id, after, limit)
     next_after = events[-1].seq if events else after
     return EventsPage(data=events, next_after=next_after, status=status,
                       done=status in TERMINAL and len(events) < limit)
@@ -61,7 +66,7 @@ def list_events(
                                          "description": "Server-Sent Events"}},
 )
 def stream_events(
-    job: OwnedJob, request: Request, settings: SettingsDep,
+    job: OwnedJob, request: Request, settings: SettingsDep, session: SessionDep,
     after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
@@ -76,7 +81,8 @@ def stream_events(
     start = after
     if last_event_id and last_event_id.strip().isdigit():
         start = max(start, int(last_event_id.strip()))
-    sessions, job_id, poll = request.app.state.sessions, job.id, settings.sse_poll_s
+    sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
+    session.close()  # the request's connection goes back to the pool: the stream may last hours
 
     async def gen():
         last = start
@@ -91,7 +97,7 @@ def stream_events(
                     yield {"event": "end", "data": json.dumps({"status": status,
                                                                "last_seq": last})}
                     return
-                await anyio.sleep(poll)
+                await notifier.wait(job_id, last)
 
     return EventSourceResponse(gen(), ping=int(max(1, settings.sse_ping_s)),
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

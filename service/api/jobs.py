@@ -40,6 +40,7 @@ from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, 
 from service.db.models import Job, utcnow
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
+from service.outlook_cache import OutlookCache
 from service.queue import enqueue, queue_for
 from service.scheduler import Outlook, outlook
 from service.workers import live_queues, unserved_warning, waiting_reason
@@ -76,11 +77,15 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
     return out
 
 
-def queue_outlooks(session: Any, settings: Any, jobs: list[Job],
-                   live: dict[str, int]) -> dict[str, Outlook]:
-    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``."""
+def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str, int],
+                   cache: OutlookCache | None = None) -> dict[str, Outlook]:
+    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``
+    (through ``cache``, the app's :class:`~service.outlook_cache.OutlookCache`, when given)."""
     queues = {j.queue for j in jobs if j.status == JobStatus.QUEUED}
-    return outlook(session, settings, queues, live) if queues else {}
+    if not queues:
+        return {}
+    return cache.outlooks(session, settings, queues, live) if cache else \
+        outlook(session, settings, queues, live)
 
 
 @router.post(
@@ -178,7 +183,8 @@ def submit_job(
                       job.id, job.queue)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     out = job_public(job, live, session=session, settings=settings,
-                     outlooks=queue_outlooks(session, settings, [job], live))
+                     outlooks=queue_outlooks(session, settings, [job], live,
+                                             request.app.state.outlooks))
     out.warnings = warnings
     return out
 
@@ -194,7 +200,7 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
 @router.get("", response_model=JobsPage, operation_id="jobs-list", responses=error_responses({
     422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
 def list_jobs(
-    user: CurrentUser, session: SessionDep, settings: SettingsDep,
+    user: CurrentUser, session: SessionDep, settings: SettingsDep, request: Request,
     status: Annotated[list[JobStatusName] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
@@ -222,14 +228,15 @@ def list_jobs(
                                      kind=kind, before=last_id, limit=limit)
     next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode() if more else None
     live = live_queues(session, settings.worker_ttl_s)
-    outlooks = queue_outlooks(session, settings, rows, live)
+    outlooks = queue_outlooks(session, settings, rows, live, request.app.state.outlooks)
     return JobsPage(data=[job_public(j, live, session=session, settings=settings,
                                      outlooks=outlooks) for j in rows],
                     next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=OWNED_JOB_ERRORS)
-def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPublic:
+def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
+            request: Request) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
     ``waiting`` says why a queued job cannot start (no live worker serves its queue).
 
@@ -244,7 +251,8 @@ def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> JobPub
     """
     live = live_queues(session, settings.worker_ttl_s)
     return job_public(job, live, session=session, settings=settings,
-                      outlooks=queue_outlooks(session, settings, [job], live))
+                      outlooks=queue_outlooks(session, settings, [job], live,
+                                              request.app.state.outlooks))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
@@ -264,7 +272,7 @@ def cancel_job(job: OwnedJob, session: SessionDep, settings: SettingsDep) -> Job
     done = job_store.request_cancel(session=session, job_id=job_id)
     session.commit()
     session.expire_all()
-    job = session.get(Job, job_id)
+    job = session.get_one(Job, job_id)
     if job.status in TERMINAL and not (done and job.status == JobStatus.CANCELLED):
         raise Problem(409, f"job {job_id} already {job.status}", status_now=job.status)
     return job_public(job, session=session, settings=settings)

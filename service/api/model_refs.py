@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -37,7 +37,7 @@ def model_store(settings: Settings) -> ModelStore:
     return ModelStore(settings.model_root)
 
 
-def visible(model: Model | None, user: User) -> bool:
+def visible(model: Model | None, user: User) -> TypeGuard[Model]:
     """True when ``model`` exists and ``user`` owns it or is an admin."""
     return model is not None and owns(user, model.owner_id)
 

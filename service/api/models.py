@@ -14,7 +14,7 @@ import re
 import shutil
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -37,7 +37,7 @@ __all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "PublishRequ
 router = APIRouter(prefix="/v1/models", tags=["models"])
 publish_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_NOT_FOUND = {404: {"description": "no such model (or another user's model)"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such model (or another user's model)"}}
 #: a 422 detail keeps the inspector's reason readable: its first lines, this many characters.
 _DETAIL_CHARS = 600
 
@@ -292,7 +292,7 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
     part = store.incoming(model_id)
     await anyio.to_thread.run_sync(_link_or_copy, best, part)
     model = await _register(session, settings, model_id=model_id, part=part,
-                            owner=session.get(User, job.owner_id), name=body.name,
+                            owner=session.get_one(User, job.owner_id), name=body.name,
                             source=f"job:{job.id}", field="job")
     response.headers["Location"] = f"/v1/models/{model.id}"
     return _public(model)

@@ -7,8 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.lifecycle import JobStatus
-
 __all__ = [
     "JobStatusName", "JobKind", "TuneOptionsIn", "JobCreate", "JobPublic", "JobsPage", "EventPublic", "EventsPage", "ArtifactPublic",
     "ArtifactsList", "DatasetRegister", "DatasetPublic", "DatasetsPage",
@@ -17,7 +15,7 @@ __all__ = [
 
 #: A job's status as the API says it: the values of :class:`service.lifecycle.JobStatus`
 #: (a Literal, so the OpenAPI document lists them inline).
-JobStatusName = Literal[tuple(s.value for s in JobStatus)]
+JobStatusName = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 #: What a job does.
 JobKind = Literal["train", "profile", "tune"]
 

@@ -110,7 +110,7 @@ def page_user(request: Request, session: SessionDep, settings: SettingsDep) -> U
     Only used by GET routes, so the CSRF guard of :func:`current_user` never triggers.
     """
     try:
-        return current_user(request, session, settings, request.headers.get("authorization"))
+        return current_user(request, session, settings)
     except Problem as exc:
         if exc.status == 401:
             return None
@@ -215,7 +215,7 @@ def jobs_rows(request: Request, session: SessionDep, settings: SettingsDep,
     Raises:
         401: not signed in (the script then goes to the sign-in page).
     """
-    user = current_user(request, session, settings, request.headers.get("authorization"))
+    user = current_user(request, session, settings)
     ctx = rows_context(session, user, status if status in STATUS_FILTERS else None,
                        kind if kind in KIND_FILTERS else None, None, settings)
     return render(request, "_job_rows.html", ctx)
@@ -280,7 +280,7 @@ async def parse_params(request: Request, session: SessionDep, settings: Settings
     Raises:
         422: the text is not YAML, or not a mapping of ``key: value`` (``field: params``).
     """
-    current_user(request, session, settings, request.headers.get("authorization"))
+    current_user(request, session, settings)
     try:
         body = json.loads(await request.body() or b"{}")
     except ValueError:

@@ -266,7 +266,7 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
     error = job.error or None
     settings = request.app.state.settings
     live = live_queues(session, settings.worker_ttl_s)
-    outlooks = queue_outlooks(session, settings, [job], live)
+    outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
     return {"job": job, "row": job_row(job, names, now, live, outlooks), "artifacts": artifacts,
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,

@@ -6,8 +6,8 @@ Sources:
 * Distribution Focal Loss: Li et al., "Generalized Focal Loss" (NeurIPS 2020).
 * Complete IoU: Zheng et al. (AAAI 2020 / TCYB 2021).
 * Recipe (gains 7.5 / 1.5 / 0.5, normalisation by the soft-target sum, assignment
-  details): Wang et al., "YOLOv9" (2024) and its reference implementation (reference
-  spec F.1).
+  details): Wang et al., "YOLOv9" (2024), its reference implementation and LibreYOLO 1.6
+  (``tests/models/test_loss_reference.py`` compares the numbers).
 
 Everything is vectorised over the batch: targets are padded to ``(B, M, ...)`` with a
 mask and matched with dense ``(B, M, A)`` tensors; there are no per-image or per-box
@@ -19,12 +19,16 @@ taken from the targets' device (free when targets are on the CPU); set
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from libreyolo_core.models.common import bbox2dist, bbox_ciou, dist2bbox, make_anchors
+
+if TYPE_CHECKING:
+    from libreyolo_core.models.yolo9.nn import YOLO9
 
 __all__ = ["TaskAlignedAssigner", "YOLO9Loss", "pad_targets"]
 
@@ -253,9 +257,10 @@ class YOLO9Loss(nn.Module):
         cls_power: float = 0.5,
     ):
         super().__init__()
-        self.nc = int(model.nc)
-        self.reg_max = int(model.reg_max)
-        self.strides = tuple(int(s) for s in model.strides)
+        spec = cast("YOLO9", model)  # duck-typed: any module with nc, reg_max, strides
+        self.nc = int(spec.nc)
+        self.reg_max = int(spec.reg_max)
+        self.strides = tuple(int(s) for s in spec.strides)
         self.gains = (float(box), float(dfl), float(cls))
         self.assigner = TaskAlignedAssigner(topk, iou_power, cls_power, self.reg_max)
         self.normalizer_reduce: Callable[[Tensor], Tensor] | None = None

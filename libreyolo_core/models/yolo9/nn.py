@@ -2,7 +2,7 @@
 
 Source: Wang, Yeh & Liao, "YOLOv9: Learning What You Want to Learn Using Programmable
 Gradient Information" (2024); block layout and widths follow the reference
-implementation's t/s configurations (see docs: reference F.1). Only the plain detection
+implementation's t/s configurations (docs/architecture.md, Models). Only the plain detection
 path is built (no PGI auxiliary branch).
 
 Forward contract (:class:`YOLO9`): input ``(B, 3, H, W)`` float RGB in [0, 1] with ``H``
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from libreyolo_core.models.common import Conv, dist2bbox, fuse_conv_bn, make_anchors, pad_1x1_to_3x3
+from libreyolo_core.models.common import Conv, dist2bbox, make_anchors, pad_1x1_to_3x3
 
 __all__ = [
     "RepConvN",
@@ -70,12 +71,11 @@ class RepConvN(nn.Module):
         """Fold both BatchNorms and the 1x1 branch into ``conv1`` (inference only)."""
         if self.conv2 is None:
             return self
-        k3 = self.conv1.conv if self.conv1.fused else fuse_conv_bn(self.conv1.conv, self.conv1.bn)
-        k1 = self.conv2.conv if self.conv2.fused else fuse_conv_bn(self.conv2.conv, self.conv2.bn)
+        k3 = self.conv1.fuse().conv
+        k1 = self.conv2.fuse().conv
+        assert k3.bias is not None and k1.bias is not None  # fused convs carry a bias
         k3.weight.add_(pad_1x1_to_3x3(k1.weight))
         k3.bias.add_(k1.bias)
-        self.conv1.conv = k3
-        self.conv1.bn = nn.Identity()
         self.conv2 = None
         return self
 
@@ -176,6 +176,11 @@ class SPPELAN(nn.Module):
         return self.cv5(torch.cat(y, 1))
 
 
+def _out_bias(tower: nn.Module) -> Tensor:
+    """The bias of a head tower's last layer (a ``nn.Sequential`` ending in a biased conv)."""
+    return cast(Tensor, cast(nn.Sequential, tower)[-1].bias)
+
+
 class DDetect(nn.Module):
     """Decoupled anchor-free detection head with Distribution Focal Loss box encoding.
 
@@ -196,6 +201,8 @@ class DDetect(nn.Module):
     Raises:
         ValueError: ``nc < 1`` or ``len(ch) != len(strides)``.
     """
+
+    proj: Tensor  # (reg_max,) DFL bin values, a non-persistent buffer
 
     def __init__(
         self,
@@ -231,8 +238,8 @@ class DDetect(nn.Module):
     def reset_bias(self) -> None:
         """Bias priors: box logits 1.0; class logits ``ln(5 / nc / (640 / stride)^2)``."""
         for box, cls, s in zip(self.box, self.cls, self.strides, strict=True):
-            box[-1].bias.fill_(1.0)
-            cls[-1].bias.fill_(math.log(5 / self.nc / (640 / s) ** 2))
+            _out_bias(box).fill_(1.0)
+            _out_bias(cls).fill_(math.log(5 / self.nc / (640 / s) ** 2))
 
     def forward(self, feats: list[Tensor]) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
         maps = [
@@ -279,7 +286,7 @@ class DDetect(nn.Module):
 
 @dataclass(frozen=True)
 class YOLO9Config:
-    """Widths of one YOLOv9 size (reference F.1 table).
+    """Widths of one YOLOv9 size (docs/architecture.md, Models).
 
     Attributes:
         stem: output channels of the two stride-2 stem convs.

@@ -110,12 +110,19 @@ class Yolox(Family):
         scored = torch.cat((decoded[:, :4], decoded[:, 4:5] * decoded[:, 5:]), 1)
         return select_detections(scored, conf=conf, iou=iou, max_det=max_det, multi_label=False)
 
-    def on_mosaic_disable(self, model: nn.Module, loss: YOLOXLoss) -> bool:
+    def on_mosaic_disable(self, model: nn.Module, loss: nn.Module) -> bool:
         """Turn the L1 regression term on when mosaic closes (YOLOX recipe).
 
         Returns:
             True: the loss's computation changed, so a captured CUDA graph of forward +
             loss must be re-captured.
+
+        Raises:
+            TypeError: ``loss`` is not the :class:`YOLOXLoss` :meth:`build_loss` made.
         """
+        from libreyolo_core.models.yolox.loss import YOLOXLoss
+
+        if not isinstance(loss, YOLOXLoss):
+            raise TypeError(f"on_mosaic_disable needs a YOLOXLoss, got {type(loss).__name__}")
         loss.use_l1 = True
         return True

@@ -38,6 +38,7 @@ so nothing of shape ``(B, M, A, C)`` is materialised.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,9 @@ from torch import Tensor, nn
 
 from libreyolo_core.models.common import make_anchors
 from libreyolo_core.models.yolo9.loss import pad_targets
+
+if TYPE_CHECKING:
+    from libreyolo_core.models.yolox.nn import YOLOX
 
 __all__ = ["SimOTAAssigner", "YOLOXLoss", "box_iou_cxcywh"]
 
@@ -203,8 +207,9 @@ class YOLOXLoss(nn.Module):
         topk: int = 10,
     ):
         super().__init__()
-        self.nc = int(model.nc)
-        self.strides = tuple(int(s) for s in model.strides)
+        spec = cast("YOLOX", model)  # duck-typed: any module with nc and strides
+        self.nc = int(spec.nc)
+        self.strides = tuple(int(s) for s in spec.strides)
         self.iou_gain = float(iou_gain)
         self.assigner = SimOTAAssigner(center_radius, iou_weight, topk)
         self.use_l1 = False

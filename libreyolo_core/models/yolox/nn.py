@@ -2,8 +2,8 @@
 
 Source: Ge, Liu, Wang, Li & Sun, "YOLOX: Exceeding YOLO Series in 2021" (arXiv
 2107.08430) and its reference implementation (Megvii-BaseDetection/YOLOX,
-``yolox/models/{darknet,network_blocks,yolo_pafpn,yolo_head}.py``); widths and depths per
-the reference spec F.2 (n: depth 0.33, width 0.25, depthwise convs; t: 0.33 / 0.375;
+``yolox/models/{darknet,network_blocks,yolo_pafpn,yolo_head}.py``); widths and depths as
+LibreYOLO 1.6 / YOLOX 0.3 (n: depth 0.33, width 0.25, depthwise convs; t: 0.33 / 0.375;
 s: 0.33 / 0.50).
 
 Forward contract (:class:`YOLOX`): input ``(B, 3, H, W)`` float **BGR in 0-255** (the
