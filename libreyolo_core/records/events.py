@@ -336,7 +336,7 @@ EVENT_TYPES: dict[str, type[EngineEvent]] = {
 def parse_event(data: Mapping[str, Any]) -> EngineEvent:
     """A line's JSON object as its record (by ``event``); a line of an unknown event, or one
     whose fields do not fit its type, as a plain :class:`EngineEvent` (fields kept as
-    extras, ``time`` ``None`` when it is no number)."""
+    extras, ``time`` now when it is no number)."""
     cls = EVENT_TYPES.get(str(data.get("event")), EngineEvent)
     try:
         return cls.model_validate(data)
@@ -345,4 +345,5 @@ def parse_event(data: Mapping[str, Any]) -> EngineEvent:
         t = data.get("time")
         return EngineEvent.model_construct(
             event=str(data.get("event", "unknown")),
-            time=t if isinstance(t, int | float) and not isinstance(t, bool) else None, **rest)
+            time=float(t) if isinstance(t, int | float) and not isinstance(t, bool) else _now(),
+            **rest)
