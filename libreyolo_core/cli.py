@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.records.job import JOB_KINDS, JobSpec
+
 __all__ = ["main", "parse_args", "UsageError"]
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_DATA, EXIT_MODEL, EXIT_SIGTERM = 0, 1, 2, 3, 4, 143
@@ -125,23 +127,22 @@ def cmd_train(keys: dict[str, Any]) -> int:
 
     if "spec" in keys:
         spec_path = Path(keys.pop("spec"))
-        spec = json.loads(spec_path.read_text(encoding="utf-8"))
-        kind = spec.get("kind", "train")
-        if kind not in ("train", "profile", "tune"):
-            raise UsageError(f"{spec_path}: kind {kind!r} is not one of train, profile, tune")
-        if kind == "tune":  # several profile trials in this process (profiler/tune.py)
-            from libreyolo_core.profiler.tune import run_spec
+        spec = JobSpec.read(spec_path)
+        if spec.kind not in JOB_KINDS:
+            raise UsageError(f"{spec_path}: kind {spec.kind!r} is not one of train, profile, tune")
+        if spec.kind == "tune":  # several profile trials in this process (profiler/tune.py)
+            from libreyolo_core.profiler.tune import run_tune_job
 
             if keys:
                 raise UsageError(f"a tune spec takes no other keys: {', '.join(keys)}")
-            return run_spec(spec)
-        merged = {**spec.get("params", {})}
-        if kind == "profile":  # a window of real steps with augmentation on, then stop
+            return run_tune_job(spec)
+        merged = dict(spec.params)
+        if spec.kind == "profile":  # a window of real steps with augmentation on, then stop
             merged = {"no_aug_epochs": 0, "val": False, **merged, "profile": True,
                       "profile_then_stop": True}
         for k in ("model", "data", "project", "name", "exist_ok", "resume"):
-            if spec.get(k) not in (None, ""):
-                merged[k] = spec[k]
+            if getattr(spec, k) not in (None, ""):
+                merged[k] = getattr(spec, k)
         keys = {**merged, **keys}
     from libreyolo_core.distributed.batch import per_rank_batch
     from libreyolo_core.distributed.context import torchrun_env

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.records.job import JobSpec
 from service.settings import Settings
 
 __all__ = ["CommandBuilder", "build_command", "build_env", "job_spec", "world_size"]
@@ -67,8 +68,9 @@ def build_env(gpu_ids: Sequence[str] | None, gpus: int,
 
 def job_spec(*, kind: str, model: str, data: str, params: Mapping[str, Any], gpus: int,
              job_dir: Path, resume: str | bool,
-             options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``job.json`` contract: the engine's run dir is ``<job dir>/run``.
+             options: Mapping[str, Any] | None = None) -> JobSpec:
+    """The job's :class:`~libreyolo_core.records.job.JobSpec`: the engine's run dir is
+    ``<job dir>/run``.
 
     A CPU job gets ``params.device = "cpu"``; GPU jobs keep the engine's ``auto``
     (ranks pick ``local_rank`` among ``CUDA_VISIBLE_DEVICES``). A tune job's options go in
@@ -77,8 +79,6 @@ def job_spec(*, kind: str, model: str, data: str, params: Mapping[str, Any], gpu
     p = dict(params)
     if gpus == 0:
         p["device"] = "cpu"
-    spec = {"kind": kind, "model": model, "data": data, "params": p, "project": str(job_dir),
-            "name": "run", "exist_ok": True, "resume": resume}
-    if kind == "tune":
-        spec["tune"] = dict(options or {})
-    return spec
+    return JobSpec(kind=kind, model=model, data=data, params=p, project=str(job_dir),
+                   name="run", exist_ok=True, resume=resume,
+                   **({"tune": dict(options or {})} if kind == "tune" else {}))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from libreyolo_core.records.events import RunEndEvent
 from service.lifecycle import JobStatus
 
 __all__ = ["CANCEL", "ENGINE_ERROR_FILE", "EXIT_REASONS", "LEASE_LOST", "TIME_BUDGET",
@@ -86,7 +87,7 @@ def after_exit(*, lost: bool, stop_reason: str | None) -> Literal["lost", "hand 
     return "finish"
 
 
-def exit_outcome(rc: int, *, stop_reason: str | None, run_end: dict[str, Any] | None,
+def exit_outcome(rc: int, *, stop_reason: str | None, run_end: RunEndEvent | None,
                  engine_error: EngineError | None, log_tail: list[str],
                  time_budget_s: float | None) -> Outcome:
     """The final status, error and event of a job whose engine exited with ``rc``.
@@ -113,11 +114,11 @@ def exit_outcome(rc: int, *, stop_reason: str | None, run_end: dict[str, Any] | 
         reason = f"time budget of {time_budget_s:g} s exceeded"
         return Outcome(JobStatus.FAILED, {"reason": reason, "exit_code": rc, "log_tail": log_tail},
                        {"reason": reason, "exit_code": rc})
-    if rc == 0 and (run_end or {}).get("status") not in ("failed", "interrupted"):
+    if rc == 0 and (run_end.status if run_end is not None else None) not in ("failed", "interrupted"):
         return Outcome(JobStatus.SUCCEEDED, None, {"exit_code": 0})
     error: dict[str, Any] = {"reason": exit_reason(rc), "exit_code": rc, "log_tail": log_tail}
-    if run_end and run_end.get("error"):
-        error["engine_error"] = run_end["error"]
+    if run_end is not None and run_end.error:
+        error["engine_error"] = run_end.error
     if engine_error is not None:
         if engine_error.exit_code != rc:  # torchrun's 1 hides the engine's code
             error.update(reason=exit_reason(engine_error.exit_code),

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.records.events import RunEndEvent
 from worker.tail import Observed
 
 __all__ = ["actual_timing", "result_summary"]
@@ -25,21 +26,23 @@ def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
     a profile event; ``preflight`` (with its ``actual`` timing) when ``preflight.json``
     exists; for ``kind == "tune"``, ``tune``, ``answer`` and ``recommended_params`` from
     ``tune.json``."""
-    end = seen.run_end or {}
+    end = seen.run_end
     progress = seen.progress
     result: dict[str, Any] = {
-        "status": end.get("status"),
-        "best_epoch": end.get("best_epoch", progress.get("best_epoch")),
-        "metrics": end.get("metrics") or progress.get("metrics"),
+        "status": end.status if end is not None else None,
+        "best_epoch": end.best_epoch if end is not None and end.has("best_epoch")
+        else progress.get("best_epoch"),
+        "metrics": (end.metrics if end is not None else None) or progress.get("metrics"),
         # the last epoch_end's epoch: a progress event's epoch may be one cut off
         "epochs_completed": progress.get("epochs_completed", 0),
-        "names": end.get("names"),  # class id -> name: the keys of metrics.per_class_AP
+        "names": end.names if end is not None else None,  # the keys of metrics.per_class_AP
     }
     if seen.profile is not None:
-        prof = {k: v for k, v in seen.profile.items() if k not in ("event", "time")}
-        result["verdict"] = prof.get("verdict")
-        result["bound_why"] = prof.get("bound_why")
-        result["lever"] = prof.get("lever")
+        prof = seen.profile.payload()
+        result["verdict"] = seen.profile.verdict
+        result["bound_why"] = seen.profile.bound_why
+        lever = seen.profile.lever
+        result["lever"] = lever.to_dict() if lever is not None else None
         result["profile"] = prof
     preflight = _read_json(run_dir / "preflight.json")
     if preflight is not None:
@@ -62,7 +65,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def actual_timing(run_dir: Path, run_end: dict[str, Any]) -> dict[str, Any]:
+def actual_timing(run_dir: Path, run_end: RunEndEvent | None) -> dict[str, Any]:
     """What the run took, seconds, beside its preflight estimate: from ``results.csv`` (every
     completed epoch, earlier attempts included) ``epochs``, ``epoch_time_s`` (mean training
     time of an epoch), ``first_epoch_s``, ``train_s``, ``val_s`` (sums) and ``val_time_s``
@@ -82,7 +85,7 @@ def actual_timing(run_dir: Path, run_end: dict[str, Any]) -> dict[str, Any]:
         return out
 
     train, val = floats("epoch_time_s"), floats("val_time_s", only_validated=True)
-    timing = (run_end or {}).get("timing") or {}
+    timing = (run_end.timing if run_end is not None else None) or {}
     return {"epochs": len(train),
             "epoch_time_s": round(sum(train) / len(train), 3) if train else None,
             "first_epoch_s": train[0] if train else None,

@@ -17,7 +17,6 @@ lease, event writes, hand-back and finish, and the watch loop that drives the pa
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -268,9 +267,7 @@ def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
                     gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options)
     spec_path = run.job_dir / "job.json"
-    tmp = spec_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(spec, indent=2))
-    os.replace(tmp, spec_path)
+    spec.write(spec_path)
     argv = command(spec_path, world_size(job.gpus, job.procs), settings)
     env = build_env(gpu_ids, job.gpus)
     error_file = run.job_dir / ENGINE_ERROR_FILE

@@ -12,6 +12,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.records.events import (
+    ArtifactEvent,
+    EngineEvent,
+    EpochEndEvent,
+    PreflightEvent,
+    ProfileEvent,
+    ProgressEvent,
+    RunEndEvent,
+    parse_event,
+)
+
 __all__ = ["MAX_LOG_LINES_PER_EVENT", "MAX_READ_BYTES", "METRIC_EVENTS", "PREFLIGHT_PROGRESS",
            "Observed", "Tail", "decode_event", "event_kind"]
 
@@ -85,7 +96,8 @@ def decode_event(raw: bytes) -> dict[str, Any] | None:
 
 
 class Observed:
-    """What the runner keeps from one attempt's engine events.
+    """What the runner keeps from one attempt's engine events (read as records,
+    :func:`~libreyolo_core.records.events.parse_event`).
 
     Args:
         progress: the job's ``progress`` so far (an earlier attempt's, on a resume).
@@ -94,24 +106,24 @@ class Observed:
 
     def __init__(self, progress: dict[str, Any] | None, *, log_tail_lines: int):
         self.progress: dict[str, Any] = dict(progress or {})
-        self.run_end: dict[str, Any] | None = None
-        self.profile: dict[str, Any] | None = None
+        self.run_end: RunEndEvent | None = None
+        self.profile: ProfileEvent | None = None
         self.artifact_kinds: dict[str, str] = {}  # relative path -> kind the engine named
         self.log_tail: list[str] = []
         self.log_tail_lines = log_tail_lines
 
     def take(self, event_lines: list[bytes], log_lines: list[bytes]) -> list[EventRow]:
         """Observe new lines of ``events.jsonl`` and ``train.log``; the rows to append:
-        one per event, then the log lines in events of at most
+        one per event (its line's JSON as it is), then the log lines in events of at most
         :data:`MAX_LOG_LINES_PER_EVENT` lines."""
         rows: list[EventRow] = []
         for raw in event_lines:
-            ev = decode_event(raw)
-            if ev is None:
+            data = decode_event(raw)
+            if data is None:
                 continue
-            name = str(ev.get("event", "unknown"))
-            self.observe(name, ev)
-            rows.append((event_kind(name), float(ev.get("time") or time.time()), ev))
+            ev = parse_event(data)
+            self.observe(ev)
+            rows.append((event_kind(ev.event), float(ev.time or time.time()), data))
         if log_lines:
             text = [ln.decode("utf-8", "replace").rstrip("\r") for ln in log_lines]
             self.log_tail = (self.log_tail + text)[-self.log_tail_lines:]
@@ -121,27 +133,30 @@ class Observed:
                                           "lines": text[i:i + MAX_LOG_LINES_PER_EVENT]}))
         return rows
 
-    def observe(self, name: str, ev: dict[str, Any]) -> None:
-        """Fold one engine event named ``name`` into the kept state."""
-        if name in ("progress", "epoch_start"):
-            for k in _PROGRESS_KEYS:
-                if k in ev:
-                    self.progress[k] = ev[k]
-        elif name == "preflight":
-            self.progress["preflight"] = {k: ev.get(k) for k in PREFLIGHT_PROGRESS}
-        elif name == "epoch_end":
+    def observe(self, ev: EngineEvent) -> None:
+        """Fold one engine event into the kept state."""
+        if isinstance(ev, ProgressEvent):  # progress and epoch_start
+            self._keep(ev, _PROGRESS_KEYS)
+        elif isinstance(ev, PreflightEvent):
+            self.progress["preflight"] = {k: getattr(ev, k, None) for k in PREFLIGHT_PROGRESS}
+        elif isinstance(ev, EpochEndEvent):
             for k in ("phase", "val_batch", "val_batches"):  # the epoch's phases are over
                 self.progress.pop(k, None)
-            for k in _EPOCH_END_KEYS:
-                if k in ev:
-                    self.progress[k] = ev[k]
-            if "epoch" in ev:  # kept in progress so that a resumed attempt still knows it
-                self.progress["epochs_completed"] = ev["epoch"]
-            if ev.get("is_best"):
-                self.progress["best_epoch"] = ev.get("epoch")
-        elif name == "artifact" and isinstance(ev.get("path"), str):
-            self.artifact_kinds[ev["path"]] = str(ev.get("kind") or "other")
-        elif name == "run_end":
+            self._keep(ev, _EPOCH_END_KEYS)
+            if ev.has("epoch"):  # kept in progress so that a resumed attempt still knows it
+                self.progress["epochs_completed"] = ev.epoch
+            if ev.is_best:
+                self.progress["best_epoch"] = ev.epoch
+        elif isinstance(ev, ArtifactEvent):
+            self.artifact_kinds[ev.path] = str(ev.kind or "other")
+        elif isinstance(ev, RunEndEvent):
             self.run_end = ev
-        elif name == "profile":
+        elif isinstance(ev, ProfileEvent):
             self.profile = ev
+
+    def _keep(self, ev: EngineEvent, keys: tuple[str, ...]) -> None:
+        """Copy the fields ``keys`` that ``ev`` carried into :attr:`progress` (JSON form)."""
+        payload = ev.payload()
+        for k in keys:
+            if k in payload:
+                self.progress[k] = payload[k]

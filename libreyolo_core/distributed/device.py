@@ -14,7 +14,7 @@ class DeviceError(ValueError):
 
 
 def parse_devices(device: str | int | list[int] | None) -> list[str]:
-    """Normalise a device spec to a list of torch device strings.
+    """Normalise a ``device`` key to a list of torch device strings.
 
     Accepts ``"auto"``, ``"cpu"``, ``"mps"``, ``0``, ``"0"``, ``"0,1"``, ``[0, 1]``,
     ``"cuda"``, ``"cuda:1"``. ``auto`` is the first CUDA device, else MPS, else CPU.

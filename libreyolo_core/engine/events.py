@@ -1,35 +1,20 @@
 """``events.jsonl``: the engine's append-only record of a run, read by the service's worker.
 
-One JSON object per line, each with ``event`` (``run_start``, ``epoch_start``,
-``progress``, ``epoch_end``, ``artifact``, ``captured_region_changed``, ``profile``,
-``run_end``) and ``time`` (unix seconds). Every line is flushed as it is written, so a
-reader tailing the file never sees half a run's history after a crash.
+One JSON object per line, each a typed record of :mod:`libreyolo_core.records.events`
+(``run_start``, ``progress``, ``epoch_end``, ``artifact``, ``captured_region_changed``,
+``profile``, ``preflight``, ``tune_candidate``, ``tune``, ``run_end``) with ``event`` and
+``time`` (unix seconds). Every line is flushed as it is written, so a reader tailing the
+file never sees half a run's history after a crash.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
-from typing import Any
+
+from libreyolo_core.records.events import EngineEvent, parse_event
 
 __all__ = ["EventLog", "read_events"]
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe copy: tensors/numpy scalars to numbers, non-finite floats to None."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 class EventLog:
@@ -39,13 +24,12 @@ class EventLog:
         self.path = path
         self._fh = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Write one event line and return it."""
-        record = {"event": event, "time": round(time.time(), 3), **_clean(fields)}
+    def write(self, event: EngineEvent) -> EngineEvent:
+        """Write one event line (:meth:`EngineEvent.to_dict`) and return the record."""
         if self._fh is not None:
-            self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._fh.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
             self._fh.flush()
-        return record
+        return event
 
     def close(self) -> None:
         if self._fh is not None:
@@ -53,12 +37,15 @@ class EventLog:
             self._fh = None
 
 
-def read_events(path: str | Path) -> list[dict[str, Any]]:
-    """Parse an ``events.jsonl`` file; a torn last line (crash mid-write) is skipped."""
+def read_events(path: str | Path) -> list[EngineEvent]:
+    """Parse an ``events.jsonl`` file into records (:func:`parse_event`); a torn last line
+    (crash mid-write) is skipped."""
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            data = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(data, dict):
+            out.append(parse_event(data))
     return out

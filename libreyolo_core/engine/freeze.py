@@ -47,28 +47,28 @@ def blocks(model: nn.Module) -> list[str]:
     return out
 
 
-def freeze_modules(model: nn.Module, spec: int | list[str] | None) -> list[str]:
-    """Freeze the modules ``spec`` selects; returns their names (empty for ``None``).
+def freeze_modules(model: nn.Module, selection: int | list[str] | None) -> list[str]:
+    """Freeze the modules ``selection`` selects; returns their names (empty for ``None``).
 
     Raises:
         FreezeError: a count larger than the number of blocks, or a name that is no module
             of ``model`` (the message lists the blocks).
     """
-    if not spec:
+    if not selection:
         return []
     units = blocks(model)
     modules = dict(model.named_modules())
-    if isinstance(spec, int):
-        if spec > len(units):
-            raise FreezeError("freeze", spec, f"at most {len(units)}",
-                              f"freeze={spec} but the model has {len(units)} blocks: {', '.join(units)}")
-        names = units[:spec]
+    if isinstance(selection, int):
+        if selection > len(units):
+            raise FreezeError("freeze", selection, f"at most {len(units)}",
+                              f"freeze={selection} but the model has {len(units)} blocks: {', '.join(units)}")
+        names = units[:selection]
     else:
-        unknown = [n for n in spec if n not in modules]
+        unknown = [n for n in selection if n not in modules]
         if unknown:
-            raise FreezeError("freeze", spec, "module names of the model",
+            raise FreezeError("freeze", selection, "module names of the model",
                               f"freeze: no module named {', '.join(unknown)}; blocks are {', '.join(units)}")
-        names = list(spec)
+        names = list(selection)
     for name in names:
         for p in modules[name].parameters():
             p.requires_grad_(False)

@@ -44,6 +44,7 @@ from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.nonfinite import NonFiniteLossError, describe_nonfinite, grads_finite
 from libreyolo_core.engine.state import fitness
 from libreyolo_core.eval.validate import validate
+from libreyolo_core.records.events import ArtifactEvent, CapturedRegionChangedEvent
 
 if TYPE_CHECKING:
     from libreyolo_core.engine.trainer import Trainer
@@ -171,7 +172,7 @@ class MosaicSwitchHook(HookBase):
         log.info("epoch %d: mosaic and mixup off for the last %s", epoch + 1,
                  "epoch" if left == 1 else f"{left} epochs")
         if changed:
-            t.events.emit("captured_region_changed", epoch=epoch + 1, reason="mosaic closed")
+            t.events.write(CapturedRegionChangedEvent(epoch=epoch + 1, reason="mosaic closed"))
             if parts.cuda_graph is not None:
                 parts.cuda_graph.invalidate(f"{t.family.title} changed the network at mosaic close")
 
@@ -307,7 +308,7 @@ class CheckpointHook(HookBase):
         out = self.trainer.outcome
         self.save(out.epoch, out.is_best)
         self._write_results()
-        self.trainer.events.emit("artifact", path="results.csv", kind="results")
+        self.trainer.events.write(ArtifactEvent(path="results.csv", kind="results"))
 
     def on_interrupt(self) -> None:
         self.save(self.trainer.state.epoch - 1, is_best=False, periodic=False)
@@ -320,10 +321,10 @@ class CheckpointHook(HookBase):
         state = t.state.checkpoint(epoch, t.parts, meta=t.meta(), config=t.cfg.model_dump(mode="json"))
         weights = t.run_dir / "weights"
         last = save_checkpoint(state, weights / "last.pt")
-        t.events.emit("artifact", path="weights/last.pt", kind="checkpoint")
+        t.events.write(ArtifactEvent(path="weights/last.pt", kind="checkpoint"))
         if is_best:  # lean: the EMA weights in float16 and the metadata, no training state
             save_checkpoint(lean_state(state), weights / "best.pt")
-            t.events.emit("artifact", path="weights/best.pt", kind="checkpoint")
+            t.events.write(ArtifactEvent(path="weights/best.pt", kind="checkpoint"))
         if periodic and t.cfg.save_period and (epoch + 1) % t.cfg.save_period == 0:
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
 

@@ -20,6 +20,7 @@ import torch
 
 from libreyolo_core.engine.hooks import HookBase
 from libreyolo_core.engine.progress import progress_bar
+from libreyolo_core.records.events import ArtifactEvent, ProfileEvent, ProgressEvent
 
 __all__ = ["ProfilerHook", "build_profiler"]
 
@@ -96,8 +97,8 @@ class ProfilerHook(HookBase):
         prof, t.profiler = t.profiler, None
         summary = prof.finish(t.run_dir)
         for path, kind in summary.get("artifacts", {}).items():
-            t.events.emit("artifact", path=path, kind=kind)
-        t.events.emit("profile", **{k: v for k, v in summary.items() if k != "artifacts"})
+            t.events.write(ArtifactEvent(path=path, kind=kind))
+        t.events.write(ProfileEvent(**{k: v for k, v in summary.items() if k != "artifacts"}))
         t.profile_summary = summary
         if t.cfg.profile_then_stop:
             log.info("profile-only run: stopping after the profile window")
@@ -133,8 +134,9 @@ class ProfilerHook(HookBase):
         eta = (total - done) * elapsed / done
         ips = m.images / max(elapsed, 1e-9)
         stage = "warm-up" if done <= warmup else "measured"
-        t.events.emit("progress", phase="profiling", step=done, steps=total, warmup=warmup,
-                      measured=total - warmup, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=losses)
+        t.events.write(ProgressEvent(phase="profiling", step=done, steps=total, warmup=warmup,
+                                     measured=total - warmup, eta_s=round(eta, 1),
+                                     img_per_s=round(ips, 2), losses=losses))
         if self.bar is None:
             print(f"profile window step {done}/{total} ({stage}; {warmup} warm-up + "
                   f"{total - warmup} measured) " + " ".join(f"{k}={v:.4f}" for k, v in losses.items())

@@ -20,6 +20,14 @@ from libreyolo_core.engine.eta import Eta, validations_left
 from libreyolo_core.engine.eta import eta as estimate_eta
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.hooks import HookBase
+from libreyolo_core.records.events import (
+    ArtifactEvent,
+    EpochEndEvent,
+    PreflightEvent,
+    ProgressEvent,
+    RunEndEvent,
+    RunStartEvent,
+)
 
 __all__ = ["ProgressHook", "PROGRESS_EVERY_S", "progress_bar", "validation_progress"]
 
@@ -49,7 +57,8 @@ def validation_progress(events: EventLog, epoch: int, epochs: int) -> Callable[[
         if k not in (1, n) and now - last[0] < PROGRESS_EVERY_S:
             return
         last[0] = now
-        events.emit("progress", phase="validating", epoch=epoch, epochs=epochs, val_batch=k, val_batches=n)
+        events.write(ProgressEvent(phase="validating", epoch=epoch, epochs=epochs, val_batch=k,
+                                   val_batches=n))
         print(f"epoch {epoch}/{epochs} validating {k}/{n}", flush=True)
 
     return on_batch
@@ -67,9 +76,10 @@ class ProgressHook(HookBase):
 
     def before_train(self) -> None:
         t = self.trainer
-        t.events.emit("run_start", config=t.cfg.model_dump(mode="json"), run_dir=str(t.run_dir.resolve()),
-                      start_epoch=t.state.start_epoch + 1, device=str(t.device), amp=t.parts.amp.name,
-                      world_size=t.dist.world_size, batch=t.parts.batch)
+        t.events.write(RunStartEvent(
+            config=t.cfg.model_dump(mode="json"), run_dir=str(t.run_dir.resolve()),
+            start_epoch=t.state.start_epoch + 1, device=str(t.device), amp=t.parts.amp.name,
+            world_size=t.dist.world_size, batch=t.parts.batch))
         ddp = f" x {t.dist.world_size} ranks ({t.dist.backend})" if t.dist.enabled else ""
         print(f"{t.family.title}-{t.size} nc={t.nc} on {t.device}{ddp} ({t.parts.amp.name}), "
               f"imgsz={t.cfg.imgsz} batch={t.parts.batch} accumulate={t.parts.accumulate}, "
@@ -101,8 +111,9 @@ class ProgressHook(HookBase):
             self.bar.update(1)
         if report:
             m.last_report = now
-            t.events.emit("progress", phase="training", epoch=t.state.epoch + 1, epochs=t.cfg.epochs,
-                          step=i + 1, steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean)
+            t.events.write(ProgressEvent(
+                phase="training", epoch=t.state.epoch + 1, epochs=t.cfg.epochs, step=i + 1,
+                steps=nb, eta_s=round(eta, 1), img_per_s=round(ips, 2), losses=mean))
             if self.bar is None:
                 print(f"epoch {t.state.epoch + 1}/{t.cfg.epochs} step {i + 1}/{nb} "
                       + " ".join(f"{k}={v:.4f}" for k, v in mean.items())
@@ -115,12 +126,13 @@ class ProgressHook(HookBase):
     def after_epoch(self) -> None:
         t, out = self.trainer, self.trainer.outcome
         metrics = t.state.metrics
-        t.events.emit("epoch_end", epoch=out.epoch + 1, epochs=t.cfg.epochs, losses=out.losses,
-                      metrics={k: v for k, v in metrics.items() if k != "per_class_AP"}
-                      if out.validated else {}, lr=out.lr, epoch_time_s=out.epoch_time_s,
-                      val_time_s=out.val_time_s, fitness=out.fitness, is_best=out.is_best,
-                      mosaic=t.parts.train_set.mosaic_enabled,
-                      eta_s=round(self.eta(out.epoch + 1, 0, 1, 0.0).seconds, 1))
+        t.events.write(EpochEndEvent(
+            epoch=out.epoch + 1, epochs=t.cfg.epochs, losses=out.losses,
+            metrics={k: v for k, v in metrics.items() if k != "per_class_AP"}
+            if out.validated else {}, lr=out.lr, epoch_time_s=out.epoch_time_s,
+            val_time_s=out.val_time_s, fitness=out.fitness, is_best=out.is_best,
+            mosaic=t.parts.train_set.mosaic_enabled,
+            eta_s=round(self.eta(out.epoch + 1, 0, 1, 0.0).seconds, 1)))
         parts = [f"epoch {out.epoch + 1}/{t.cfg.epochs}"] + [f"{k}={v:.4f}" for k, v in out.losses.items()]
         if out.validated:
             parts += [f"P={metrics.get('precision', 0):.3f}", f"R={metrics.get('recall', 0):.3f}",
@@ -131,9 +143,10 @@ class ProgressHook(HookBase):
         t, st = self.trainer, self.trainer.state
         if t.events is None:  # set-up failed before the run directory existed
             return
-        t.events.emit("run_end", status=t.status, best_epoch=st.best_epoch,
-                      metrics=st.best_metrics or st.metrics, error=t.error, names=t.names,
-                      nonfinite_skipped=st.nonfinite_skipped, timing=t.timing())
+        t.events.write(RunEndEvent(status=t.status, best_epoch=st.best_epoch,
+                                   metrics=st.best_metrics or st.metrics, error=t.error,
+                                   names=t.names, nonfinite_skipped=st.nonfinite_skipped,
+                                   timing=t.timing()))
         t.events.close()
 
     def eta(self, epoch: int, done: int, nb: int, elapsed: float) -> Eta:
@@ -163,9 +176,9 @@ class ProgressHook(HookBase):
             pf = pf.moved_to(dst)
             t.preflight = pf
         (t.run_dir / "preflight.json").write_text(pf.to_json(), encoding="utf-8")
-        t.events.emit("artifact", path="preflight.json", kind="preflight")
+        t.events.write(ArtifactEvent(path="preflight.json", kind="preflight"))
         for name, kind in (("profile.json", "profile"), ("timeline.html", "timeline")):
             if (dst / name).is_file():
-                t.events.emit("artifact", path=f"preflight/{name}", kind=kind)
-        t.events.emit("preflight", **pf.to_dict())
+                t.events.write(ArtifactEvent(path=f"preflight/{name}", kind=kind))
+        t.events.write(PreflightEvent(**pf.to_dict()))
         print(pf.summary_line(), flush=True)

@@ -336,12 +336,12 @@ def summary_of(p: ProfileRecord) -> dict[str, Any]:
 
 def write_artifacts(
     prof: Any, run_dir: Path, trace_path: Path | None
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[ProfileRecord, dict[str, str]]:
     """Analyse a finished :class:`TrainingProfiler` and write the artifacts into ``run_dir``.
 
     Returns:
-        ``(profile, artifacts)``: the ``profile.json`` dict (:meth:`ProfileRecord.to_dict`)
-        and ``{relative path: kind}``.
+        ``(profile, artifacts)``: the record written as ``profile.json``
+        (:meth:`ProfileRecord.to_dict`) and ``{relative path: kind}``.
     """
     from libreyolo_core.profiler.timeline import write_timeline
 
@@ -387,10 +387,9 @@ def write_artifacts(
         load=getattr(prof, "load", None),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = profile.to_dict()
-    write_json(run_dir / "profile.json", data)
+    write_json(run_dir / "profile.json", profile.to_dict())
     write_json(run_dir / "profile_summary.json", summary_of(profile))
-    write_timeline(run_dir / "timeline.html", data, trace)
+    write_timeline(run_dir / "timeline.html", profile, trace)
     artifacts = {
         "timeline.html": "timeline",
         "profile.json": "profile",
@@ -398,7 +397,7 @@ def write_artifacts(
     }
     if trace_path is not None:
         artifacts[TRACE_NAME] = "trace"
-    return data, artifacts
+    return profile, artifacts
 
 
 def profile_from_trace(path: str | Path) -> ProfileRecord:

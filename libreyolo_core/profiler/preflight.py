@@ -48,6 +48,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from libreyolo_core.profiler.record import ProfileRecord
+from libreyolo_core.records.events import RunStartEvent
+
 __all__ = ["PreflightEstimate", "Phase", "phases_of", "estimate", "run_preflight", "gpu_hour_price", "PRICE_ENV",
            "CURRENCY_ENV", "VAL_BATCHES"]
 
@@ -197,20 +200,26 @@ def gpu_hour_price(environ: Mapping[str, str] | None = None) -> tuple[float | No
     return price, currency
 
 
-def _step_ms(profile: Mapping[str, Any]) -> float:
+def _step_ms(profile: ProfileRecord) -> float:
     """The mean measured step: every measured step on a CPU (none is synchronised there),
-    the unsynced half elsewhere (``profile["step_ms"]``)."""
-    if profile.get("device_type") == "cpu":
-        walls = [float(s["wall_ms"]) for s in profile.get("steps") or ()
+    the unsynced half elsewhere (``profile.step_ms``).
+
+    Raises:
+        ValueError: no step time recorded.
+    """
+    if profile.device_type == "cpu":
+        walls = [float(s["wall_ms"]) for s in profile.steps
                  if s.get("kind") != "warmup" and s.get("wall_ms")]
         if walls:
             return statistics.fmean(walls)
-    return float(profile["step_ms"])
+    if profile.step_ms is None:
+        raise ValueError("the trial's profile records no step_ms")
+    return float(profile.step_ms)
 
 
-def _first_fetch_s(profile: Mapping[str, Any]) -> float:
+def _first_fetch_s(profile: ProfileRecord) -> float:
     """How much longer the window's first batch waited than a measured step's did."""
-    steps = list(profile.get("steps") or ())
+    steps = profile.steps
     measured = [float(s.get("dataload_ms") or 0.0) for s in steps if s.get("kind") != "warmup"]
     if not steps or not measured:
         return 0.0
@@ -224,12 +233,15 @@ class Phase:
 
     Attributes:
         name: ``"mosaic"`` or ``"no mosaic"``. epochs: how many epochs it lasts.
-        profile: the trial's ``profile.json`` for it.
+        profile: the trial's ``profile.json`` for it (a mapping is parsed into the record).
     """
 
     name: str
     epochs: int
-    profile: Mapping[str, Any]
+    profile: ProfileRecord
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "profile", ProfileRecord.of(self.profile))
 
 
 def phases_of(epochs: int, no_aug_epochs: int, mosaic: float, mixup: float) -> list[tuple[str, int]]:
@@ -289,7 +301,7 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
     total = setup_s + sum(r["epochs"] * r["epoch_s"] for r in rows) \
         + (validations * val_s if val_s is not None else 0.0)
     head = phases[0].profile
-    device = str(head.get("device_type") or "cpu")
+    device = str(head.device_type or "cpu")
     gpus = 1 if device == "cuda" else 0
     hours = total / 3600.0 * gpus if gpus else None
     cost = round(hours * price, 4) if hours is not None and price is not None else None
@@ -297,12 +309,11 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
         more.append(f"a {device.upper()} run uses no GPU hours: no cost at "
                     f"{price:g} {currency} per GPU hour")
     for ph in phases:
-        conf = ph.profile.get("confidence") or {}
-        if conf and not conf.get("reliable"):
+        trial_conf = ph.profile.confidence
+        if trial_conf is not None and not trial_conf.reliable:
             more.append(f"the {ph.name} trial was not reliable ("
-                        + "; ".join(conf.get("reasons") or []) + "): the estimate may be off")
-    conf = head.get("confidence") or {}
-    w = head.get("window") or {}
+                        + "; ".join(trial_conf.reasons) + "): the estimate may be off")
+    conf, w = head.confidence, head.window
     return PreflightEstimate(
         img_per_s=rows[0]["img_per_s"], step_ms=rows[0]["step_ms"], batch=batch,
         train_images=train_images, steps_per_epoch=steps, epoch_s=rows[0]["epoch_s"],
@@ -314,8 +325,8 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
         memory_kind=memory_kind, device=device, gpus=gpus,
         gpu_hours=None if hours is None else round(hours, 6),
         price_per_gpu_hour=price if gpus else None, currency=currency if gpus and price else None,
-        cost=cost, verdict=head.get("bound"), reliable=conf.get("reliable") if conf else None,
-        window={"warmup": int(w.get("warmup") or 0), "steps": int(w.get("steps") or 0)},
+        cost=cost, verdict=head.bound, reliable=conf.reliable if conf is not None else None,
+        window={"warmup": int(w.warmup or 0), "steps": int(w.steps or 0)},
         phases=tuple(rows), measured_s=round(measured_s, 3), notes=tuple(more),
         trial_dir=trial_dir,
     )
@@ -420,9 +431,9 @@ def time_validation(cfg: Any, device: Any, batches: int = VAL_BATCHES) -> tuple[
     return first + per * (total - 1) + metric_s, n
 
 
-def _peak_memory(profile: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    if profile.get("peak_vram_mb") is not None:
-        return float(profile["peak_vram_mb"]), "cuda max allocated"
+def _peak_memory(profile: ProfileRecord) -> tuple[float | None, str | None]:
+    if profile.peak_vram_mb is not None:
+        return float(profile.peak_vram_mb), "cuda max allocated"
     try:
         import resource
 
@@ -492,12 +503,12 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
             result = run_trial(cfg.data, model, project=root, name="trial" if i == 0 else "trial_no_mosaic",
                                warmup=warmup, steps=steps, epochs=cfg.epochs, stdout=sink,
                                profile_trace=False, **{**keys, **aug})
-            done.append(Phase(name, n, result.profile))
+            done.append(Phase(name, n, ProfileRecord.of(result.profile)))
             if i == 0:
                 first_dir = result.run_dir
                 starts = [e for e in read_events(result.run_dir / "events.jsonl")
-                          if e.get("event") == "run_start"]
-                setup_s = max(float(starts[0]["time"]) - wall0, 0.0) if starts else 0.0
+                          if isinstance(e, RunStartEvent)]
+                setup_s = max(float(starts[0].time) - wall0, 0.0) if starts else 0.0
         stop.check()
     except TrainingInterrupted:
         shutil.rmtree(root, ignore_errors=True)

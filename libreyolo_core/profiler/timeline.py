@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.profiler.analysis import self_times
+from libreyolo_core.profiler.record import ProfileRecord
 
 __all__ = [
     "MAX_CPU_EVENTS",
@@ -127,8 +128,8 @@ def _fmt(v: Any, unit: str = "", nd: int = 2) -> str:
     return f"{v}{unit}"
 
 
-def _panel(p: Mapping[str, Any]) -> str:
-    cfg = p.get("config") or {}
+def _panel(p: ProfileRecord) -> str:
+    cfg = p.config
     rows = [
         ("model", cfg.get("model")),
         ("device", cfg.get("device")),
@@ -136,53 +137,53 @@ def _panel(p: Mapping[str, Any]) -> str:
         ("imgsz", cfg.get("imgsz")),
         ("amp", cfg.get("amp")),
         ("workers", cfg.get("workers")),
-        ("step", _fmt(p.get("step_ms"), " ms")),
-        ("img/s", _fmt(p.get("img_per_s"))),
+        ("step", _fmt(p.step_ms, " ms")),
+        ("img/s", _fmt(p.img_per_s)),
         (
             "data wait",
-            f"{_fmt(p.get('dataload_ms'), ' ms')} "
-            f"({_fmt(100 * (p.get('dataload_frac') or 0), '%', 0)})",
+            f"{_fmt(p.dataload_ms, ' ms')} "
+            f"({_fmt(100 * (p.dataload_frac or 0), '%', 0)})",
         ),
-        ("utilisation", p.get("utilisation")),
-        ("GPU busy", _fmt(p.get("gpu_busy_ms_per_step"), " ms/step")),
-        ("kernels/step", _fmt(p.get("kernels_per_step"), "", 0)),
-        ("host overhead", _fmt(p.get("host_overhead_ms_per_step"), " ms/step")),
-        ("Tensor Cores", _fmt(p.get("tensorcore_pct"), "%", 0)),
-        ("peak VRAM", _fmt(p.get("peak_vram_mb"), " MB", 0)),
+        ("utilisation", p.utilisation),
+        ("GPU busy", _fmt(p.gpu_busy_ms_per_step, " ms/step")),
+        ("kernels/step", _fmt(p.kernels_per_step, "", 0)),
+        ("host overhead", _fmt(p.host_overhead_ms_per_step, " ms/step")),
+        ("Tensor Cores", _fmt(p.tensorcore_pct, "%", 0)),
+        ("peak VRAM", _fmt(p.peak_vram_mb, " MB", 0)),
         (
             "CPU ops",
-            f"{_fmt(p.get('cpu_ops_ms_per_step'), ' ms/step')}, "
-            f"{_fmt(p.get('ops_per_step'), '/step', 0)}",
+            f"{_fmt(p.cpu_ops_ms_per_step, ' ms/step')}, "
+            f"{_fmt(p.ops_per_step, '/step', 0)}",
         ),
     ]
-    conf, load = p.get("confidence") or {}, p.get("load") or {}
+    conf, load = p.confidence, p.load
 
     def pct(v: Any) -> str:
         return "n/a" if v is None else f"{100 * v:.0f}%"
 
     rows += [
-        ("spread (CV)", f"step {pct(conf.get('step_ms_cv'))}, data wait "
-                        f"{pct(conf.get('dataload_ms_cv'))}"),
-        ("machine load", f"others {pct(load.get('other_cpu_frac'))} of the CPU, load average "
-                         f"{_fmt(load.get('loadavg_1m'))}"),
+        ("spread (CV)", f"step {pct(conf and conf.step_ms_cv)}, data wait "
+                        f"{pct(conf and conf.dataload_ms_cv)}"),
+        ("machine load", f"others {pct(load and load.other_cpu_frac)} of the CPU, load average "
+                         f"{_fmt(load and load.loadavg_1m)}"),
     ]
-    if not conf:
+    if conf is None:
         sure = "confidence: not recorded"
-    elif conf.get("reliable"):
+    elif conf.reliable:
         sure = "confidence: reliable (steady steps, no competing load)"
     else:
-        sure = "UNRELIABLE: " + "; ".join(conf.get("reasons") or []) + (
-            f". {conf['advice']}" if conf.get("advice") else "")
+        sure = "UNRELIABLE: " + "; ".join(conf.reasons) + (
+            f". {conf.advice}" if conf.advice else "")
     table = "".join(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
     )
     cats = "".join(
         f'<div class="bar"><span style="width:{min(c["pct"], 100):.1f}%"></span>'
         f"<b>{html.escape(c['name'])}</b><em>{c['pct']:.1f}%</em></div>"
-        for c in p.get("categories", [])
+        for c in p.categories
     )
-    gpu = bool(p.get("top_kernels"))
-    top = (p.get("top_kernels") or []) if gpu else (p.get("ops") or [])[:8]
+    gpu = bool(p.top_kernels)
+    top = p.top_kernels if gpu else p.ops[:8]
     key, share = ("kernel", "pct_of_gpu") if gpu else ("op", "pct_of_cpu_ops")
     tops = "".join(
         f'<tr><td title="{html.escape(str(r.get("raw_name", r[key])))}">'
@@ -190,13 +191,13 @@ def _panel(p: Mapping[str, Any]) -> str:
         f"<td>{r[share]:.1f}%</td></tr>"
         for r in top
     )
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.get("notes", []))
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
     return (
-        f'<div class="verdict v-{html.escape(str(p.get("bound")).replace("/", "-"))}">'
+        f'<div class="verdict v-{html.escape(str(p.bound).replace("/", "-"))}">'
         '<div class="label">verdict</div>'
-        f'<div class="bound">{html.escape(str(p.get("bound")))}</div>'
-        f"<p>{html.escape(str(p.get('bound_why')))}</p>"
-        f'<p class="lever"><b>lever:</b> {html.escape(str(p.get("levers", "")))}</p>'
+        f'<div class="bound">{html.escape(str(p.bound))}</div>'
+        f"<p>{html.escape(str(p.bound_why))}</p>"
+        f'<p class="lever"><b>lever:</b> {html.escape(str(p.levers if "levers" in p.model_fields_set else ""))}</p>'
         f'<p class="confidence">{html.escape(sure)}</p></div>'
         f'<table class="figs">{table}</table>'
         f'<h3>per-step phases (wall ms)</h3><canvas id="steps" height="150"></canvas>'
@@ -320,20 +321,23 @@ for(const k in COL){const s=document.createElement('span');
 """
 
 
-def render_timeline(profile: Mapping[str, Any], trace: Mapping[str, Any] | None) -> str:
-    """The HTML text of ``timeline.html`` for ``profile`` (and its trace, if any)."""
+def render_timeline(profile: ProfileRecord | Mapping[str, Any],
+                    trace: Mapping[str, Any] | None) -> str:
+    """The HTML text of ``timeline.html`` for ``profile`` (a record or ``profile.json``'s
+    JSON; and its trace, if any)."""
+    rec = ProfileRecord.of(profile)
     tl = timeline_data(trace)
     data = json.dumps(
-        {"profile": {k: profile.get(k) for k in ("bound", "steps")}, "timeline": tl},
+        {"profile": {"bound": rec.bound, "steps": rec.steps}, "timeline": tl},
         separators=(",", ":"),
     )
     data = data.replace("<", "\\u003c")  # only inside JSON strings: no "</script>" can appear
-    title = html.escape(f"{profile.get('model') or 'profile'} — {profile.get('bound')}")
+    title = html.escape(f"{rec.model or 'profile'} — {rec.bound}")
     counts = ", ".join(f"{k}: {len(v)}" for k, v in tl["lanes"].items()) or "no trace events"
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>LibreYOLO profile: {title}</title><style>{_CSS}</style></head><body>"
-        f'<div id="side"><h2 style="margin:0 0 8px">{title}</h2>{_panel(profile)}</div>'
+        f'<div id="side"><h2 style="margin:0 0 8px">{title}</h2>{_panel(rec)}</div>'
         '<div id="main"><div id="bar">wheel: zoom · drag: pan · double-click: reset · '
         '<label><input type="checkbox" id="flows" checked> launch flows</label> '
         f'<button id="reset">reset</button> <span style="color:#666">{html.escape(counts)}'
@@ -345,6 +349,7 @@ def render_timeline(profile: Mapping[str, Any], trace: Mapping[str, Any] | None)
     )
 
 
-def write_timeline(path: Path, profile: Mapping[str, Any], trace: Mapping[str, Any] | None) -> None:
+def write_timeline(path: Path, profile: ProfileRecord | Mapping[str, Any],
+                   trace: Mapping[str, Any] | None) -> None:
     """Write ``timeline.html`` (see :func:`render_timeline`)."""
     path.write_text(render_timeline(profile, trace), encoding="utf-8")

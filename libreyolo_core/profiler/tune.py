@@ -72,9 +72,19 @@ from typing import Any, TextIO
 
 from libreyolo_core.profiler import verdict as V
 from libreyolo_core.profiler.record import ProfileRecord
+from libreyolo_core.records.events import (
+    ArtifactEvent,
+    EngineEvent,
+    ProgressEvent,
+    RunEndEvent,
+    RunStartEvent,
+    TuneCandidateEvent,
+    TuneEvent,
+)
+from libreyolo_core.records.job import JobSpec
 
 __all__ = ["TuneOptions", "Lever", "TuneInterrupted", "candidate_levers", "judge", "load_bound",
-           "run_tune", "run_spec", "format_tune", "SCHEMA", "TUNE_NAME", "NO_LEVER"]
+           "run_tune", "run_tune_job", "format_tune", "SCHEMA", "TUNE_NAME", "NO_LEVER"]
 
 SCHEMA = "libreyolo.tune/v1"
 TUNE_NAME = "tune.json"
@@ -405,7 +415,7 @@ class _Stop(Exception):
 
 class _Tuner:
     def __init__(self, data: str, model: str, run_dir: Path, base: dict[str, Any],
-                 options: TuneOptions, out: TextIO, emit: Callable[..., Any]):
+                 options: TuneOptions, out: TextIO, emit: Callable[[EngineEvent], Any]):
         self.data, self.model, self.run_dir, self.base = str(data), str(model), run_dir, base
         self.opt, self.out, self.emit = options, out, emit
         self.t0 = time.monotonic()
@@ -440,10 +450,11 @@ class _Tuner:
     def _progress(self, cfg: _Config, index: int, k: int) -> None:
         mean = statistics.fmean(self.durations) if self.durations else None
         left = self.planned - self._done_trials()
-        self.emit("progress", phase="tuning", candidate=cfg.label, candidate_index=index,
-                  candidates=max(len(self.configs) - 1, 0), trial=k, trials=self.opt.repeat,
-                  trials_done=self._done_trials(), trials_planned=self.planned,
-                  **({"eta_s": round(mean * left, 1)} if mean is not None else {}))
+        self.emit(ProgressEvent(
+            phase="tuning", candidate=cfg.label, candidate_index=index,
+            candidates=max(len(self.configs) - 1, 0), trial=k, trials=self.opt.repeat,
+            trials_done=self._done_trials(), trials_planned=self.planned,
+            **({"eta_s": round(mean * left, 1)} if mean is not None else {})))
 
     def _trial(self, cfg: _Config, index: int, k: int) -> Any:
         """Run (or reuse) trial ``k`` of ``cfg``."""
@@ -549,7 +560,7 @@ class _Tuner:
                  f" img/s vs {base.aggregate.img_per_s:.1f}: {sig}, "
                  f"{'RECOMMENDABLE' if verdict['recommendable'] else 'not recommended'}: "
                  f"{verdict['note']}")
-        self.emit("tune_candidate", **cfg.row())
+        self.emit(TuneCandidateEvent(**cfg.row()))
 
 
 def _resolved(model: str, base: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -613,7 +624,7 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     out = stdout or sys.stdout
     base_keys = {k: v for k, v in dict(base or {}).items() if k not in _RESERVED and v is not None}
-    emit = events.emit if events is not None else (lambda *a, **k: None)
+    emit = events.write if events is not None else (lambda event: event)
     tuner = _Tuner(str(data), str(model), run_dir, base_keys, opt, out, emit)
     resolved, graphs_ok = _resolved(str(model), base_keys)
     tuner.images = len(load_data_config(data).train)
@@ -631,7 +642,7 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
     cuda = str(resolved.get("device", "auto")) not in ("cpu", "mps") and _cuda_available()
     tuner.trace = cuda  # a GPU verdict needs the trace's utilisation; a CPU one does not
     previous = _install_sigterm(tuner)
-    emit("run_start", config=base_keys, run_dir=str(run_dir.resolve()), tune=opt.to_dict())
+    emit(RunStartEvent(config=base_keys, run_dir=str(run_dir.resolve()), tune=opt.to_dict()))
     path = run_dir / TUNE_NAME
     baseline = _Config("baseline", "baseline", {}, why="the configuration as given")
     tuner.configs.append(baseline)
@@ -688,21 +699,21 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
         tuner.status, status = "cancelled", "interrupted"
         tuner.notes.append(f"cancelled: {exc}")
         res = write()
-        emit("artifact", path=TUNE_NAME, kind="tune")
-        emit("tune", **_event(res))
-        emit("run_end", status=status, error=None)
+        emit(ArtifactEvent(path=TUNE_NAME, kind="tune"))
+        emit(TuneEvent(**_event(res)))
+        emit(RunEndEvent(status=status, error=None))
         raise TuneInterrupted(str(exc), path) from None
     except BaseException as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
-        emit("run_end", status=status, error=error)
+        emit(RunEndEvent(status=status, error=error))
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     res = write()
-    emit("artifact", path=TUNE_NAME, kind="tune")
-    emit("tune", **_event(res))
-    emit("run_end", status=status, error=error)
+    emit(ArtifactEvent(path=TUNE_NAME, kind="tune"))
+    emit(TuneEvent(**_event(res)))
+    emit(RunEndEvent(status=status, error=error))
     tuner.say(format_tune(res))
     return res
 
@@ -869,9 +880,9 @@ def format_tune(res: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_spec(spec: Mapping[str, Any]) -> int:
-    """Run the tune a service job's ``job.json`` describes (``kind: "tune"``): run dir
-    ``<project>/<name>``, events in its ``events.jsonl``, options from ``spec["tune"]``.
+def run_tune_job(spec: JobSpec) -> int:
+    """Run the tune a service job's spec (``job.json``, ``kind: "tune"``) describes: run
+    dir ``<project>/<name>``, events in its ``events.jsonl``, options from ``spec.tune``.
 
     Returns:
         0 (an answer was written: a recommendation, "no significant lever", or what the
@@ -882,13 +893,15 @@ def run_spec(spec: Mapping[str, Any]) -> int:
     """
     from libreyolo_core.engine.events import EventLog
 
-    run_dir = Path(spec["project"]) / str(spec.get("name") or "run")
+    if spec.project is None or spec.data is None:
+        raise ValueError("a tune job's spec needs project and data")
+    run_dir = Path(spec.project) / str(spec.name or "run")
     run_dir.mkdir(parents=True, exist_ok=True)
-    options = TuneOptions.from_mapping(spec.get("tune"))
+    options = TuneOptions.from_mapping(spec.tune)
     events = EventLog(run_dir / "events.jsonl")
     try:
-        run_tune(spec["data"], spec.get("model") or "yolo9-t", run_dir=run_dir,
-                 base=dict(spec.get("params") or {}), options=options, events=events)
+        run_tune(spec.data, spec.model or "yolo9-t", run_dir=run_dir,
+                 base=dict(spec.params), options=options, events=events)
     finally:
         events.close()
     return 0

@@ -43,6 +43,12 @@ __all__ = ["TrainingProfiler", "ProfileWindowError", "Window", "plan_window", "S
 
 log = logging.getLogger(__name__)
 
+#: The headline figures of ``profile.json`` that :meth:`TrainingProfiler.finish` returns.
+SUMMARY_FIGURES = ("step_ms", "img_per_s", "dataload_ms", "dataload_frac", "gpu_util",
+                   "gpu_util_raw", "gpu_busy_ms_per_step", "host_overhead_ms_per_step",
+                   "kernels_per_step", "ops_per_step", "cuda_mallocs_per_step", "peak_vram_mb",
+                   "memory_pressure")
+
 
 def quiet_kineto(cuda: bool) -> None:
     """Keep torch.profiler's C++ side (Kineto) from printing lines that look like errors.
@@ -493,32 +499,15 @@ class TrainingProfiler:
                 import webbrowser
 
                 webbrowser.open((run_dir / "timeline.html").resolve().as_uri())
-        headline = {
-            k: profile.get(k)
-            for k in (
-                "step_ms",
-                "img_per_s",
-                "dataload_ms",
-                "dataload_frac",
-                "gpu_util",
-                "gpu_util_raw",
-                "gpu_busy_ms_per_step",
-                "host_overhead_ms_per_step",
-                "kernels_per_step",
-                "ops_per_step",
-                "cuda_mallocs_per_step",
-                "peak_vram_mb",
-                "memory_pressure",
-            )
-        }
+        headline = {k: getattr(profile, k) for k in SUMMARY_FIGURES}
         self._summary = {
-            "verdict": profile["bound"],
-            "bound_why": profile["bound_why"],
-            "lever": profile.get("lever"),
+            "verdict": profile.bound,
+            "bound_why": profile.bound_why,
+            "lever": profile.lever.to_dict() if profile.lever is not None else None,
             **headline,
-            "window": profile["window"],
-            "confidence": profile.get("confidence"),
-            "load": profile.get("load"),
+            "window": profile.window.to_dict(),
+            "confidence": profile.confidence.to_dict() if profile.confidence is not None else None,
+            "load": profile.load.to_dict() if profile.load is not None else None,
             "artifacts": artifacts,
         }
         return self._summary

@@ -8,14 +8,16 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from libreyolo_core.profiler.confidence import Confidence
+from libreyolo_core.profiler.record import Lever
 from service.scheduler import Outlook
 
 __all__ = ["PROFILE_FIGURES", "aware", "fmt_duration", "fmt_age", "fmt_bytes", "fmt_metric",
            "fmt_seconds", "iso", "clock", "fmt_queue", "tune_progress_text", "lever_text",
            "confidence_text", "fmt_gain"]
 
-#: Profile figures shown on the verdict card: key, label, formatter.
-#: Profile figures shown on the verdict card: key, label, formatter.
+#: Profile figures shown on the verdict card: field of
+#: :class:`~libreyolo_core.records.events.ProfileEvent`, label, formatter.
 PROFILE_FIGURES = (
     ("step_ms", "step time", lambda v: f"{v:.1f} ms"),
     ("img_per_s", "throughput", lambda v: f"{v:.1f} img/s"),
@@ -140,23 +142,23 @@ def tune_progress_text(p: dict[str, Any]) -> str:
             f"{p.get('trials_done') or 0} of {p.get('trials_planned')} trials done")
 
 
-def lever_text(lever: dict[str, Any] | None) -> str | None:
-    """``try workers=8 cache=ram: <why>; <also>`` from a result's structured lever."""
-    if not lever:
+def lever_text(lever: Lever | None) -> str | None:
+    """``try workers=8 cache=ram: <why>; <also>`` from a profile's structured lever."""
+    if lever is None:
         return None
-    params = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
-    text = (f"try {params}: " if params else "") + str(lever.get("why") or "")
-    return "; ".join([text, *(lever.get("also") or [])])
+    params = " ".join(f"{k}={v}" for k, v in lever.params.items())
+    text = (f"try {params}: " if params else "") + str(lever.why or "")
+    return "; ".join([text, *lever.also])
 
 
-def confidence_text(conf: dict[str, Any] | None) -> tuple[bool, str] | None:
+def confidence_text(conf: Confidence | None) -> tuple[bool, str] | None:
     """``(reliable, sentence)`` from a profile's ``confidence`` (None when not recorded)."""
-    if not isinstance(conf, dict) or "reliable" not in conf:
+    if conf is None:
         return None
-    if conf["reliable"]:
+    if conf.reliable:
         return True, "reliable: the measured steps repeated and nothing else loaded the machine"
-    text = "unreliable: " + "; ".join(conf.get("reasons") or [])
-    return False, text + (f". {conf['advice']}" if conf.get("advice") else "")
+    text = "unreliable: " + "; ".join(conf.reasons)
+    return False, text + (f". {conf.advice}" if conf.advice else "")
 
 
 def fmt_gain(v: Any) -> str:

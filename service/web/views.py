@@ -15,7 +15,9 @@ import yaml
 from fastapi import Request
 from sqlalchemy import select
 
+from libreyolo_core.profiler.record import Lever
 from libreyolo_core.profiler.verdict import LEVERS
+from libreyolo_core.records.events import ProfileEvent
 from service import job_store
 from service.api.deps import SessionDep
 from service.api.jobs import queue_outlooks
@@ -239,15 +241,18 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
     names = _dataset_names(session, user)
     artifacts = _artifacts(request, session, job)
     result = job.result or {}
-    profile = result.get("profile") or {}
     verdict = None
     if result.get("verdict"):
-        figures = [(label, fmt(profile[key])) for key, label, fmt in PROFILE_FIGURES
-                   if isinstance(profile.get(key), int | float)]
+        # the result's profile is the engine's ``profile`` event, as the API sends it
+        profile = ProfileEvent.model_validate(result.get("profile") or {})
+        figures = [(label, fmt(value)) for key, label, fmt in PROFILE_FIGURES
+                   if isinstance(value := getattr(profile, key), int | float)]
         timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
+        lever = result.get("lever")
         verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
-                   "lever": lever_text(result.get("lever")) or LEVERS.get(str(result["verdict"])),
-                   "figures": figures, "confidence": confidence_text(profile.get("confidence")),
+                   "lever": lever_text(Lever.model_validate(lever) if lever else None)
+                   or LEVERS.get(str(result["verdict"])),
+                   "figures": figures, "confidence": confidence_text(profile.confidence),
                    "timeline_url": timeline["url"] if timeline else None}
     tune_data = result.get("tune")
     if job.kind == "tune" and tune_data is None:  # running: what tune.json holds so far

@@ -54,6 +54,7 @@ def test_a_profile_job_shows_its_window_not_an_epoch():
 def test_profile_lever_in_the_sdk_and_on_the_page():
     from libreyolo_client import Job
     from libreyolo_client._models import JobInfo
+    from libreyolo_core.profiler.record import Lever
     from service.web.formatting import lever_text
 
     lever = {"verdict": "dataloader", "params": {"workers": 8, "cache": "ram"},
@@ -61,18 +62,20 @@ def test_profile_lever_in_the_sdk_and_on_the_page():
     info = JobInfo(id="j1", kind="profile", model="yolo9-t", data="d.yaml", status="succeeded",
                    result={"verdict": "dataloader", "lever": lever})
     assert Job(None, info).lever["params"] == {"workers": 8, "cache": "ram"}
-    assert lever_text(lever) == ("try workers=8 cache=ram: the step waits for data; "
+    assert lever_text(Lever.model_validate(lever)) == ("try workers=8 cache=ram: the step waits for data; "
                                  "lighter augmentation")
     assert Job(None, info.model_copy(update={"result": {}})).lever == {}
 
 
 def test_profile_confidence_on_the_page():
+    from libreyolo_core.profiler.confidence import Confidence
     from service.web.formatting import confidence_text
 
     assert confidence_text(None) is None  # a profile from before confidence was recorded
-    assert confidence_text({"reliable": True, "reasons": []})[0] is True
-    ok, text = confidence_text({"reliable": False, "reasons": ["other processes took 54%"],
-                                "advice": "profile again with --repeat 3"})
+    assert confidence_text(Confidence.from_dict({"reliable": True, "reasons": []}))[0] is True
+    ok, text = confidence_text(Confidence.from_dict(
+        {"reliable": False, "reasons": ["other processes took 54%"],
+         "advice": "profile again with --repeat 3"}))
     assert not ok and text == ("unreliable: other processes took 54%. profile again with "
                                "--repeat 3")
 

@@ -3,7 +3,8 @@
 A fresh virtual environment gets only the client distribution (httpx + pydantic); a
 script run by its interpreter submits a 1-epoch job to a real API server whose runner
 starts the real engine, waits for it and downloads ``weights/best.pt``, checking its
-sha256. The script also proves that neither torch nor the service is importable there.
+sha256. The script also proves that neither torch, the engine nor the service is
+importable there.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ assert "site-packages" in libreyolo_client.__file__, libreyolo_client.__file__
 from libreyolo_client import Client
 assert importlib.util.find_spec("torch") is None, "torch is installed in the client venv"
 assert importlib.util.find_spec("service") is None, "the service is installed in the client venv"
+assert importlib.util.find_spec("libreyolo_core") is None, "the engine is installed in the client venv"
 url, token, data, out = sys.argv[1:5]
 with Client(url, token) as c:
     job = c.train(model="yolo9-t", data=data, gpus=0, epochs=1, imgsz=64, batch=4, workers=0)

@@ -65,7 +65,7 @@ def _wait_for_first_epoch(proc: subprocess.Popen, project: Path, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         events = list(project.glob("*/events.jsonl"))
-        if events and any(e["event"] == "epoch_end" for e in read_events(events[0])):
+        if events and any(e.event == "epoch_end" for e in read_events(events[0])):
             return
         time.sleep(0.2)
 
@@ -95,7 +95,7 @@ def test_torchrun_two_ranks_train_like_one_process(sample_yaml, tmp_path, one_pr
     assert proc.stdout.count("done: best epoch") == 1  # rank 0 reports for the job
     run = _only_run_dir(project)
     events = read_events(run / "events.jsonl")
-    kinds = [e["event"] for e in events]
+    kinds = [e.event for e in events]
     assert kinds.count("run_start") == 1 and kinds.count("epoch_end") == 2 and kinds.count("run_end") == 1
     assert "x 2 ranks (gloo)" in proc.stdout
     _assert_close_losses(_epoch_rows(run)[0], _epoch_rows(one_process)[0])
@@ -194,8 +194,8 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_run_resumes(sample_yaml, t
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     run = _only_run_dir(project)
-    ends = [e for e in read_events(run / "events.jsonl") if e["event"] == "run_end"]
-    assert [e["status"] for e in ends] == ["interrupted"], out[-3000:]
+    ends = [e for e in read_events(run / "events.jsonl") if e.event == "run_end"]
+    assert [e.status for e in ends] == ["interrupted"], out[-3000:]
     last = run / "weights" / "last.pt"
     done = load_checkpoint(last)["epoch"] + 1
     assert 1 <= done < 4
@@ -203,7 +203,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_run_resumes(sample_yaml, t
                           capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [int(r["epoch"]) for r in _epoch_rows(run)] == [1, 2, 3, 4]
-    assert [e["status"] for e in read_events(run / "events.jsonl") if e["event"] == "run_end"] == [
+    assert [e.status for e in read_events(run / "events.jsonl") if e.event == "run_end"] == [
         "interrupted", "succeeded"]
 
 
@@ -278,6 +278,6 @@ def test_sigterm_to_the_spawn_parent_stops_the_ranks_and_saves_last_pt(sample_ya
             proc.kill()
     assert proc.returncode == 143, out[-3000:]
     run = _only_run_dir(project)
-    ends = [e for e in read_events(run / "events.jsonl") if e["event"] == "run_end"]
-    assert [e["status"] for e in ends] == ["interrupted"]
+    ends = [e for e in read_events(run / "events.jsonl") if e.event == "run_end"]
+    assert [e.status for e in ends] == ["interrupted"]
     assert load_checkpoint(run / "weights" / "last.pt")["epoch"] >= 0

@@ -11,6 +11,7 @@ from libreyolo_core.engine.amp import resolve_amp
 from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from libreyolo_core.engine.ema import ModelEMA
 from libreyolo_core.engine.events import EventLog, read_events
+from libreyolo_core.records.events import EpochEndEvent
 
 
 def _state():
@@ -69,7 +70,8 @@ def test_ema_tracks_weights_with_ramp():
 
 def test_event_log_lines(tmp_path):
     log = EventLog(tmp_path / "events.jsonl")
-    log.emit("epoch_end", epoch=1, metrics={"mAP50": float("nan")}, t=torch.tensor(2.0))
+    log.write(EpochEndEvent(epoch=1, metrics={"mAP50": float("nan")}, t=torch.tensor(2.0)))
     log.close()
     (ev,) = read_events(tmp_path / "events.jsonl")
-    assert ev["event"] == "epoch_end" and ev["metrics"]["mAP50"] is None and ev["t"] == 2.0
+    assert isinstance(ev, EpochEndEvent)
+    assert ev.event == "epoch_end" and ev.metrics["mAP50"] is None and ev.t == 2.0

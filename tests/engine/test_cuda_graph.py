@@ -316,7 +316,7 @@ def test_close_mosaic_signal_invalidates_the_manager():
                                     model=m.model, loss_fn=None, cuda_graph=m),
         family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True, title="YOLOX"),
         cfg=types.SimpleNamespace(epochs=10),
-        events=types.SimpleNamespace(emit=lambda kind, **kw: emitted.append(kind)),
+        events=types.SimpleNamespace(write=lambda event: emitted.append(event.event)),
     )
     hook.close(7)
     assert emitted == ["captured_region_changed"] and m.state == "counting" and m.key is None

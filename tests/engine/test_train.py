@@ -40,7 +40,7 @@ def test_run_directory_contents(sample_yaml, tmp_path):
     assert [r["epoch"] for r in rows] == ["1", "2"]
     assert {"train/box_loss", "train/dfl_loss", "train/cls_loss", "metrics/mAP50", "metrics/mAP50-95",
             "metrics/precision", "metrics/recall", "lr", "epoch_time_s"} <= set(rows[0])
-    kinds = [e["event"] for e in read_events(run / "events.jsonl")]
+    kinds = [e.event for e in read_events(run / "events.jsonl")]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"
     assert kinds.count("epoch_end") == 2 and "progress" in kinds and "artifact" in kinds
     ckpt = torch.load(run / "weights" / "last.pt", weights_only=True)
@@ -78,7 +78,7 @@ def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path, caplog):
     for key in ("train/box_loss", "train/dfl_loss", "train/cls_loss", "metrics/mAP50", "metrics/mAP50-95"):
         assert float(a[2][key]) == pytest.approx(float(b[2][key]), abs=1e-4), key
     events = read_events(tmp_path / "cut" / "events.jsonl")
-    ends = [e["status"] for e in events if e["event"] == "run_end"]
+    ends = [e.status for e in events if e.event == "run_end"]
     assert ends == ["interrupted", "succeeded"]
 
 
@@ -90,7 +90,7 @@ def test_sigterm_saves_last_and_exits_143_then_resumes(sample_yaml, tmp_path):
     events = tmp_path / "exp" / "events.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline:
-        if events.is_file() and sum(e["event"] == "epoch_end" for e in read_events(events)) >= 1:
+        if events.is_file() and sum(e.event == "epoch_end" for e in read_events(events)) >= 1:
             break
         time.sleep(0.5)
     else:
@@ -99,8 +99,8 @@ def test_sigterm_saves_last_and_exits_143_then_resumes(sample_yaml, tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-2000:]
-    run_end = [e for e in read_events(events) if e["event"] == "run_end"][-1]
-    assert run_end["status"] == "interrupted"
+    run_end = [e for e in read_events(events) if e.event == "run_end"][-1]
+    assert run_end.status == "interrupted"
     ckpt = load_checkpoint(tmp_path / "exp" / "weights" / "last.pt")
     done = ckpt["epoch"] + 1
     assert done >= 1
@@ -124,12 +124,12 @@ def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_
     LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=1, project=tmp_path, log_interval=1000,
                                **{**FAST, "imgsz": 64, "batch": 4})
     events = read_events(tmp_path / "exp" / "events.jsonl")
-    training = [e for e in events if e["event"] == "progress" and e["phase"] == "training"]
-    assert [e["step"] for e in training] == [1, 2, 3, 4]  # 16 images / batch 4, every step
-    validating = [e for e in events if e["event"] == "progress" and e["phase"] == "validating"]
-    assert [(e["val_batch"], e["val_batches"]) for e in validating] == [(1, 2), (2, 2)]
-    assert all(e["epoch"] == 1 and e["epochs"] == 1 for e in validating)
-    kinds = [e["event"] for e in events]
+    training = [e for e in events if e.event == "progress" and e.phase == "training"]
+    assert [e.step for e in training] == [1, 2, 3, 4]  # 16 images / batch 4, every step
+    validating = [e for e in events if e.event == "progress" and e.phase == "validating"]
+    assert [(e.val_batch, e.val_batches) for e in validating] == [(1, 2), (2, 2)]
+    assert all(e.epoch == 1 and e.epochs == 1 for e in validating)
+    kinds = [e.event for e in events]
     assert kinds.index("epoch_end") > max(i for i, e in enumerate(events) if e.get("phase") == "validating")
     assert "epoch 1/1 validating 2/2" in capsys.readouterr().out
     assert "mosaic and mixup off for the last epoch" in caplog.text  # not "last 1 epochs"

@@ -55,11 +55,11 @@ def test_l1_switch_and_mosaic_close_at_no_aug_boundary(sample_yaml, tmp_path, wo
     assert [float(r["train/l1_loss"]) > 0 for r in rows] == [False, False, True, True]
     assert {"train/iou_loss", "train/obj_loss", "train/cls_loss", "train/l1_loss"} <= set(rows[0])
     events = read_events(run / "events.jsonl")
-    ends = [e for e in events if e["event"] == "epoch_end"]
-    assert [e["mosaic"] for e in ends] == [True, True, False, False]
-    assert [e["losses"]["l1"] > 0 for e in ends] == [False, False, True, True]
-    changed = [e for e in events if e["event"] == "captured_region_changed"]
-    assert len(changed) == 1 and changed[0]["epoch"] == 3
+    ends = [e for e in events if e.event == "epoch_end"]
+    assert [e.mosaic for e in ends] == [True, True, False, False]
+    assert [e.losses["l1"] > 0 for e in ends] == [False, False, True, True]
+    changed = [e for e in events if e.event == "captured_region_changed"]
+    assert len(changed) == 1 and changed[0].epoch == 3
     # the loader workers produced mosaics before the boundary and none after it
     assert all(seen[1]) and all(seen[2]) and not any(seen[3]) and not any(seen[4])
 
@@ -82,7 +82,7 @@ def test_resume_across_the_l1_boundary_keeps_l1_on(sample_yaml, tmp_path):
     assert [r["epoch"] for r in rows] == ["1", "2", "3", "4"]
     assert float(rows[3]["train/l1_loss"]) > 0
     events = read_events(tmp_path / "cut" / "events.jsonl")
-    ends = [e for e in events if e["event"] == "epoch_end"]
-    assert ends[-1]["epoch"] == 4 and ends[-1]["mosaic"] is False and ends[-1]["losses"]["l1"] > 0
+    ends = [e for e in events if e.event == "epoch_end"]
+    assert ends[-1].epoch == 4 and ends[-1].mosaic is False and ends[-1].losses["l1"] > 0
     # the resumed run announces the change again (a fresh process has a fresh graph)
-    assert [e["epoch"] for e in events if e["event"] == "captured_region_changed"] == [3, 4]
+    assert [e.epoch for e in events if e.event == "captured_region_changed"] == [3, 4]

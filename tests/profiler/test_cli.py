@@ -39,22 +39,22 @@ def test_real_run_writes_the_artifacts(profiled_run):
         trace = json.load(fh)
     assert any(e.get("name", "").startswith("step/forward") for e in trace["traceEvents"])
     events = read_events(profiled_run / "events.jsonl")
-    assert [e["lever"] for e in events if e["event"] == "profile"] == [p["lever"]]
-    artifacts = {e["path"]: e["kind"] for e in events if e["event"] == "artifact"}
+    assert [e.lever.to_dict() for e in events if e.event == "profile"] == [p["lever"]]
+    artifacts = {e.path: e.kind for e in events if e.event == "artifact"}
     assert {k: artifacts[k] for k in ARTIFACTS} == {
         "timeline.html": "timeline",
         "profile.json": "profile",
         "profile_summary.json": "profile",
         "profile_trace.json.gz": "trace",
     }
-    prof_events = [e for e in events if e["event"] == "profile"]
-    assert len(prof_events) == 1 and prof_events[0]["verdict"] == p["bound"]
-    assert prof_events[0]["confidence"] == p["confidence"]
+    prof_events = [e for e in events if e.event == "profile"]
+    assert len(prof_events) == 1 and prof_events[0].verdict == p["bound"]
+    assert prof_events[0].confidence.to_dict() == p["confidence"]
     # a profile-only run reports the window (step k of 2 + 4), never "epoch 1/11"
-    progress = [e for e in events if e["event"] == "progress"]
-    assert progress and all(e["phase"] == "profiling" and "epoch" not in e for e in progress)
-    assert {(e["steps"], e["warmup"], e["measured"]) for e in progress} == {(6, 2, 4)}
-    assert progress[0]["step"] == 1 and progress[-1]["step"] == 6
+    progress = [e for e in events if e.event == "progress"]
+    assert progress and all(e.phase == "profiling" and not e.has("epoch") for e in progress)
+    assert {(e.steps, e.warmup, e.measured) for e in progress} == {(6, 2, 4)}
+    assert progress[0].step == 1 and progress[-1].step == 6
     assert not (profiled_run / "weights" / "best.pt").exists()
 
 

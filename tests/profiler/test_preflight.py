@@ -116,10 +116,10 @@ def test_a_training_run_with_preflight_writes_its_estimate(small_yaml, tmp_path)
     assert (run / "preflight" / "trial_no_mosaic" / "profile.json").is_file()
     assert not (run / "preflight" / "weights" / "last.pt").exists()
     events = read_events(run / "events.jsonl")
-    assert [e["total_s"] for e in events if e["event"] == "preflight"] == [pf["total_s"]]
-    ends = [e for e in events if e["event"] == "epoch_end"]
-    assert [e["epoch"] for e in ends] == [1, 2] and all(e["val_time_s"] > 0 for e in ends)
-    assert ends[-1]["eta_s"] == 0.0
+    assert [e.total_s for e in events if e.event == "preflight"] == [pf["total_s"]]
+    ends = [e for e in events if e.event == "epoch_end"]
+    assert [e.epoch for e in ends] == [1, 2] and all(e.val_time_s > 0 for e in ends)
+    assert ends[-1].eta_s == 0.0
     assert res["preflight"]["total_s"] == pf["total_s"] and res["timing"]["epochs"] == 2
-    run_end = next(e for e in events if e["event"] == "run_end")
-    assert run_end["timing"]["epoch_time_s"] > 0
+    run_end = next(e for e in events if e.event == "run_end")
+    assert run_end.timing["epoch_time_s"] > 0

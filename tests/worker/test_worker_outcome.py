@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from libreyolo_core.records.events import RunEndEvent
 from worker.outcome import (
     CANCEL,
     LEASE_LOST,
@@ -22,6 +23,7 @@ TAIL = ["epoch 1/3", "Traceback ..."]
 
 
 def outcome(rc, stop_reason=None, run_end=None, engine_error=None, time_budget_s=None):
+    run_end = RunEndEvent.model_validate(run_end) if run_end is not None else None
     return exit_outcome(rc, stop_reason=stop_reason, run_end=run_end, engine_error=engine_error,
                         log_tail=TAIL, time_budget_s=time_budget_s)
 

@@ -56,7 +56,7 @@ def test_launch_command_and_env(tmp_path):
     assert build_env(["0"], 0, {})["CUDA_VISIBLE_DEVICES"] == ""
     spec_d = job_spec(kind="train", model="yolo9-t", data="/d.yaml", params={"epochs": 1},
                       gpus=0, job_dir=tmp_path, resume=False)
-    assert spec_d == {"kind": "train", "model": "yolo9-t", "data": "/d.yaml",
+    assert spec_d.to_dict() == {"kind": "train", "model": "yolo9-t", "data": "/d.yaml",
                       "params": {"epochs": 1, "device": "cpu"}, "project": str(tmp_path),
                       "name": "run", "exist_ok": True, "resume": False}
 

@@ -45,5 +45,5 @@ def test_observed_folds_events_into_progress():
     assert seen.progress == {"epochs_completed": 2, "epoch": 2, "metrics": {"m": 1},
                              "best_epoch": 2}
     assert seen.artifact_kinds == {"weights/best.pt": "checkpoint"}
-    assert seen.run_end == events[-1]
+    assert seen.run_end is not None and seen.run_end.to_dict() == events[-1]
     assert seen.log_tail == ["two", "three"]
