@@ -130,6 +130,6 @@ def test_progress_is_time_throttled_and_validation_reports_its_own_phase(sample_
     assert [(e.val_batch, e.val_batches) for e in validating] == [(1, 2), (2, 2)]
     assert all(e.epoch == 1 and e.epochs == 1 for e in validating)
     kinds = [e.event for e in events]
-    assert kinds.index("epoch_end") > max(i for i, e in enumerate(events) if e.get("phase") == "validating")
+    assert kinds.index("epoch_end") > max(i for i, e in enumerate(events) if getattr(e, "phase", None) == "validating")
     assert "epoch 1/1 validating 2/2" in capsys.readouterr().out
     assert "mosaic and mixup off for the last epoch" in caplog.text  # not "last 1 epochs"
