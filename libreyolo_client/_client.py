@@ -32,10 +32,10 @@ from libreyolo_client._errors import (
     JobFailed,
     ServiceUnavailable,
     SubmitWarning,
-    ValidationError,
     WaitTimeout,
     error_from_response,
     no_answer,
+    unsendable,
 )
 from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
@@ -220,8 +220,7 @@ class Client(_Base):
             try:
                 r = self._http.request(method, path, **kw)
             except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
-                raise ValidationError(0, f"the request cannot be sent: {exc} (NaN and "
-                                         "infinity are not numbers JSON can carry)") from exc
+                raise unsendable(exc, kw.get("json")) from exc
             except httpx.TransportError as exc:
                 if not idempotent or attempt >= self.retries:
                     raise no_answer(exc, _request_of(exc)) from exc

@@ -19,6 +19,7 @@ answered (``request``), when there is one.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -173,3 +174,26 @@ def no_answer(exc: Exception, request: httpx.Request | None) -> ServiceUnavailab
     where = f" ({request.method} {request.url})" if request is not None else ""
     return ServiceUnavailable(0, f"no answer from the service{where}: "
                               f"{type(exc).__name__}: {exc}", request=request)
+
+
+def _non_finite_path(value: Any, path: str = "") -> str | None:
+    """Dotted path of the first NaN or infinite float inside ``value`` (None: there is none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or None
+    items = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list | tuple) else ())
+    for key, item in items:
+        found = _non_finite_path(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def unsendable(exc: ValueError, body: Any) -> ValidationError:
+    """The error for a request body httpx cannot encode (JSON carries no NaN or infinity),
+    naming the field, e.g. ``params.lr0``, when the body shows which one it is."""
+    field = _non_finite_path(body)
+    where = f"{field}: " if field else ""
+    return ValidationError(0, f"the request cannot be sent: {where}{exc} (NaN and infinity are "
+                              "not numbers JSON can carry)",
+                           problem={"field": field} if field else None)

@@ -84,7 +84,7 @@ class AugmentConfig(BaseModel):
     so the ranges are checked once. Frozen: a dataset cannot change its recipe.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     mosaic: float = Field(1.0, ge=0, le=1, description="mosaic probability")
     mixup: float = Field(1.0, ge=0, le=1, description="mixup probability (keeps both label sets)")
@@ -127,7 +127,8 @@ class TrainConfig(BaseModel):
     ``lr0`` whatever the batch; ``nbs`` adds gradient accumulation instead.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False,
+                              allow_inf_nan=False)
 
     # -- what to train ---------------------------------------------------------------
     model: str = Field("yolo9-t", description="model name <family>-<size>, e.g. yolo9-t")

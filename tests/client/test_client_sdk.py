@@ -128,6 +128,7 @@ def test_a_non_finite_number_is_a_validation_error_before_sending(client, data_y
     with pytest.raises(ValidationError, match="NaN and infinity") as err:
         client.train(model="yolo9-t", data=data_yaml, gpus=0, **{**TINY, "lr0": float("nan")})
     assert err.value.status_code == 0
+    assert err.value.field == "params.lr0" and "params.lr0" in str(err.value)
     assert len(client.jobs(limit=None)) == before
 
 

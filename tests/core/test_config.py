@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from libreyolo_core.config import ConfigError, TrainConfig, describe_config, resolve_config
 
@@ -68,3 +69,11 @@ def test_config_import_is_torch_free():
     code = "import sys, libreyolo_core.config, libreyolo_core.models; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused_as_such(value):
+    """NaN is no number above 10: the message says "finite", naming the field."""
+    with pytest.raises(ValidationError, match="lr0") as err:
+        TrainConfig(lr0=value)
+    assert "finite number" in str(err.value)
