@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [train] + ([final] if final is not train else []) + \
             ([profile] if profile is not None else [])
         for job in jobs:
-            _say(f"   job page:      {job.page_url} {_page_note(client, job.page_url)}")
+            _say(f"   job page:      {job.page_url} {_page_note(client, job.page_url)}".rstrip())
         _say(f"   models page:   {client.url}/models")
         _say(f"== done in {time.monotonic() - t0:.0f} s (after set-up; train jobs "
              f"{_wall(train)}" + (f" + {_wall(final)}" if final is not train else "")
