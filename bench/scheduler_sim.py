@@ -85,7 +85,8 @@ def _worker_proc(db_url: str, names: list[str], total: int, min_s: float, max_s:
         while True:
             t0 = time.perf_counter()
             with sessions() as s:
-                job_id = claim(s, "gpu-1", name, settings)
+                got = claim(s, "gpu-1", name, settings)
+                job_id = None if got is None else got.job_id
             spans.append(time.perf_counter() - t0)
             if job_id is None:
                 if done():
@@ -195,7 +196,8 @@ def solo_claims(db_url: str, sizes: list[int], users: int, n: int = 20) -> list[
         for _ in range(n if size <= 10_000 else max(3, n // 4)):
             t0 = time.perf_counter()
             with sessions() as s:
-                job_id = claim(s, "solo", "solo-worker", settings)
+                got = claim(s, "solo", "solo-worker", settings)
+                job_id = None if got is None else got.job_id
             spans.append(time.perf_counter() - t0)
             with sessions() as s:  # finished at once: the owner's running count stays 0
                 transition(s, job_id, FINISH, JobStatus.SUCCEEDED, finished_at=utcnow())

@@ -24,7 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from service.credentials import save_credentials, saved_token
-from service.procs import die_with_parent
+from libreyolo_core.distributed.parent import die_with_parent
 from service.settings import Settings
 from service.users_cli import users_app
 

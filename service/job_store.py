@@ -16,6 +16,7 @@ from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Artifact, Job, User, utcnow
+from service.gang import Claim, NodeAddress
 from service.lifecycle import (
     ACTIVE,
     CANCEL_EXPIRED,
@@ -23,6 +24,7 @@ from service.lifecycle import (
     FAIL_EXPIRED,
     FINISH,
     HAND_BACK,
+    NODE_LOST,
     REQUEST_CANCEL,
     REQUEUE_EXPIRED,
     JobStatus,
@@ -34,7 +36,7 @@ from service.storage import ArtifactStore
 from service.users import owns, visible_to
 
 __all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
-           "request_cancel", "expired_leases", "expire"]
+           "node_lost", "request_cancel", "expired_leases", "expire"]
 
 
 def get_owned(*, session: Session, job_id: str, user: User) -> Job | None:
@@ -71,20 +73,20 @@ def list_jobs(*, session: Session, user: User, statuses: Iterable[str] = (),
 
 
 def claim(*, session: Session, settings: Settings, worker_id: str, queue: str | None = None,
-          job_id: str | None = None) -> Job | None:
+          job_id: str | None = None, where: NodeAddress | None = None) -> Claim | None:
     """Claim (``queued -> running``, the transition ``claim``) the best eligible job of
     ``queue``, or only ``job_id`` (its own queue when ``queue`` is None), for
-    ``worker_id``: :func:`service.scheduler.claim`, which commits.
+    ``worker_id``: :func:`service.scheduler.claim`, which commits. With ``where`` (the
+    worker's address) a multi-node job may be claimed: one node slot of its gang.
 
     Returns:
-        The claimed row, or None (no such job, or none of the queue may start now).
+        The claim, or None (no such job, or none of the queue may start now).
     """
     if queue is None:
         queue = session.scalar(select(Job.queue).where(Job.id == job_id))
         if queue is None:
             return None
-    claimed = scheduler_claim(session, queue, worker_id, settings, job_id=job_id)
-    return None if claimed is None else session.get(Job, claimed)
+    return scheduler_claim(session, queue, worker_id, settings, job_id=job_id, where=where)
 
 
 def held_by(worker_id: str) -> list[Any]:
@@ -151,6 +153,37 @@ def hand_back(*, session: Session, job_id: str, worker_id: str, reason: str,
                       attempt=Job.attempt - 1)
 
 
+def node_lost(*, session: Session, job_id: str, worker_id: str, reason: str,
+              progress: dict[str, Any] | None, store: ArtifactStore) -> JobStatus | None:
+    """End the attempt of a multi-node job one of whose nodes was lost (the transition
+    ``node_lost``, made by node 0's worker, ``worker_id``, once its own engine has
+    stopped): back to ``queued`` to resume from ``last.pt`` as one whole attempt while
+    ``attempt < max_attempts``, else ``failed`` with ``reason``.
+
+    Returns:
+        The new status, or None when ``worker_id`` no longer holds the job (nothing written).
+    """
+    row = session.execute(select(Job.attempt, Job.max_attempts)
+                          .where(Job.id == job_id, *held_by(worker_id))).first()
+    if row is None:
+        return None
+    attempt, max_attempts = row
+    now = utcnow()
+    mine = [Job.lease_owner == worker_id, Job.attempt == attempt]
+    lost = {"lease_owner": None, "lease_expires_at": None, "progress": progress}
+    if attempt < max_attempts:
+        why = f"{reason}; re-queued for attempt {attempt + 1} of {max_attempts} on every " \
+              f"node, {store.resume_note(job_id)}"
+        done = transition(session, job_id, NODE_LOST, JobStatus.QUEUED, extra_where=mine,
+                          enqueued_at=now, sent_at=now, event={"reason": why}, **lost)
+        return JobStatus.QUEUED if done else None
+    why = f"{reason} on attempt {attempt} of {max_attempts}"
+    done = transition(session, job_id, NODE_LOST, JobStatus.FAILED, extra_where=mine,
+                      finished_at=now, error={"reason": why, "exit_code": None},
+                      event={"reason": why}, **lost)
+    return JobStatus.FAILED if done else None
+
+
 def request_cancel(*, session: Session, job_id: str) -> bool:
     """Cancel a job: a queued one is ``cancelled`` at once (``cancel_queued``), a running one
     becomes ``cancelling`` (``request_cancel``; its worker stops the engine). Any other
@@ -170,10 +203,11 @@ def request_cancel(*, session: Session, job_id: str) -> bool:
 def expired_leases(*, session: Session, now: datetime) -> list[Row]:
     """Running and cancelling jobs whose lease expired before ``now`` (their worker died):
     rows of ``id, status, attempt, max_attempts, queue, priority, lease_expires_at,
-    owner_id``."""
+    owner_id, nodes``. (A multi-node job's lease is node 0's; node 0's worker watches the
+    other nodes' leases itself, :func:`service.gang.lost_nodes`.)"""
     return list(session.execute(
         select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
-               Job.lease_expires_at, Job.owner_id)
+               Job.lease_expires_at, Job.owner_id, Job.nodes)
         .where(Job.status.in_(ACTIVE), Job.lease_expires_at < now)
     ).all())
 

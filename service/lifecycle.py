@@ -15,7 +15,7 @@ from enum import StrEnum
 
 __all__ = ["JobStatus", "ACTIVE", "TERMINAL", "Transition", "TransitionError", "CLAIM",
            "CANCEL_QUEUED", "REQUEST_CANCEL", "HAND_BACK", "FINISH", "REQUEUE_EXPIRED",
-           "FAIL_EXPIRED", "CANCEL_EXPIRED", "TRANSITIONS", "EDGES"]
+           "FAIL_EXPIRED", "CANCEL_EXPIRED", "NODE_LOST", "TRANSITIONS", "EDGES"]
 
 
 class JobStatus(StrEnum):
@@ -94,11 +94,15 @@ FAIL_EXPIRED = Transition("fail_expired", (JobStatus.RUNNING,), (JobStatus.FAILE
                           "reaper, no attempt left")
 CANCEL_EXPIRED = Transition("cancel_expired", (JobStatus.CANCELLING,), (JobStatus.CANCELLED,),
                             "reaper")
+#: a multi-node job whose other node's engine died or whose node lease expired: re-queued
+#: as one whole attempt (``queued``, attempts left) or ``failed`` (none left).
+NODE_LOST = Transition("node_lost", (JobStatus.RUNNING,), (JobStatus.QUEUED, JobStatus.FAILED),
+                       "node 0's worker, when another node is lost")
 
 #: every transition by name.
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     CLAIM, CANCEL_QUEUED, REQUEST_CANCEL, HAND_BACK, FINISH, REQUEUE_EXPIRED, FAIL_EXPIRED,
-    CANCEL_EXPIRED)}
+    CANCEL_EXPIRED, NODE_LOST)}
 #: ``(from, to, transition name)`` of every allowed edge.
 EDGES: frozenset[tuple[JobStatus, JobStatus, str]] = frozenset(
     (s, t, m.name) for m in TRANSITIONS.values() for s, t in m.edges())

@@ -59,20 +59,20 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
             status = expire(session=session, lease=lease, now=now, store=store)
             if status == JobStatus.QUEUED:
                 counts["requeued"] += 1
-                to_send.append((lease.id, lease.queue, lease.priority))
+                to_send.extend([(lease.id, lease.queue, lease.priority)] * max(1, lease.nodes))
             elif status is not None:
                 counts[status] += 1  # failed or cancelled: the owner runs one job less
                 freed.add(lease.owner_id)
         stale = session.execute(
-            select(Job.id, Job.queue, Job.priority).where(
+            select(Job.id, Job.queue, Job.priority, Job.nodes).where(
                 Job.status == JobStatus.QUEUED,
                 func.coalesce(Job.sent_at, Job.enqueued_at)
                 < now - timedelta(seconds=settings.resend_after_s))
         ).all()
-        for job_id, queue, priority in stale:
+        for job_id, queue, priority, nodes in stale:
             session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
                             .values(sent_at=now))
-            to_send.append((job_id, queue, priority))
+            to_send.extend([(job_id, queue, priority)] * max(1, nodes))  # one per node slot
             counts["resent"] += 1
         session.commit()
         for owner in sorted(freed):

@@ -27,6 +27,12 @@ PostgreSQL the owner's ``users`` row is locked first (``SELECT ... FOR NO KEY UP
 two workers claiming for one owner run one after the other and the second counts the
 first's job. Losing a race (another worker took the job) moves on to the next candidate.
 
+**Multi-node jobs** (``nodes > 1``) gather a gang: each woken worker takes one node slot
+(:mod:`service.gang`) and the job starts when the last slot is taken. A job whose gang has
+started gathering comes before every other (its held workers wait idle until it starts),
+then the order above. Ties between two partly gathered jobs go to the one with more nodes
+held.
+
 The order is computed in Python from one read of the queue (a queue holds hundreds of jobs,
 not millions), so the claim, the queue position and the estimated start share one
 definition (:func:`rank_key`).
@@ -45,13 +51,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
-from service.db.models import Job, User, utcnow
+from service.db.models import Job, JobNode, User, utcnow
+from service.gang import Claim, NodeAddress, take_slot
 from service.lifecycle import ACTIVE, CLAIM, JobStatus
 from service.ops import transition
 from service.settings import Settings
 
 __all__ = ["MAX_PRIORITY", "Waiting", "QueueSnapshot", "Outlook", "effective_priority",
-           "rank_key", "read_queue", "claim_order", "predicted_order", "claim",
+           "rank_key", "read_queue", "owner_cap", "claim_order", "predicted_order", "claim",
            "wake_targets", "outlook"]
 
 log = logging.getLogger(__name__)
@@ -68,13 +75,16 @@ CLAIM_ROUNDS = 50
 
 @dataclass(frozen=True)
 class Waiting:
-    """A queued job as the scheduler sees it (``enqueued_at`` UTC-aware)."""
+    """A queued job as the scheduler sees it (``enqueued_at`` UTC-aware); ``nodes`` its
+    node count and ``gathered`` the node slots its gang holds now (multi-node jobs)."""
 
     id: str
     owner_id: str
     priority: int
     enqueued_at: datetime
     attempt: int
+    nodes: int = 1
+    gathered: int = 0
 
 
 @dataclass
@@ -118,15 +128,21 @@ def effective_priority(priority: int, enqueued_at: datetime, now: datetime,
 
 def rank_key(job: Waiting, running: int, served_at: float, now: datetime,
              aging_minutes: float) -> tuple:
-    """Sort key of the claim order (smallest first): effective priority (high first), the
-    owner's running jobs (few first), the owner's latest start (``served_at``, unix seconds;
-    long ago first), ``enqueued_at`` (old first), id."""
-    return (-effective_priority(job.priority, job.enqueued_at, now, aging_minutes), running,
-            served_at, job.enqueued_at, job.id)
+    """Sort key of the claim order (smallest first): node slots its gang holds (many
+    first: a gathering multi-node job before any other), effective priority (high first),
+    the owner's running jobs (few first), the owner's latest start (``served_at``, unix
+    seconds; long ago first), ``enqueued_at`` (old first), id."""
+    return (-job.gathered, -effective_priority(job.priority, job.enqueued_at, now, aging_minutes),
+            running, served_at, job.enqueued_at, job.id)
 
 
 def _cap_of(user_cap: int | None, settings: Settings) -> int:
     return settings.max_running_per_user if user_cap is None else max(0, user_cap)
+
+
+def owner_cap(session: Session, owner_id: str, settings: Settings) -> int:
+    """The running-job cap of user ``owner_id`` (0: none): their own, else the setting."""
+    return _cap_of(session.scalar(select(User.max_running).where(User.id == owner_id)), settings)
 
 
 def read_queue(session: Session, queue: str, settings: Settings, *, now: datetime | None = None,
@@ -135,11 +151,19 @@ def read_queue(session: Session, queue: str, settings: Settings, *, now: datetim
     counts (every queue) and caps."""
     now = now or utcnow()
     stmt = (select(Job.id, Job.owner_id, Job.priority, Job.enqueued_at, Job.created_at,
-                   Job.attempt).where(Job.queue == queue, Job.status == JobStatus.QUEUED))
+                   Job.attempt, Job.nodes).where(Job.queue == queue, Job.status == JobStatus.QUEUED))
     if job_id is not None:
         stmt = stmt.where(Job.id == job_id)
-    waiting = [Waiting(r.id, r.owner_id, r.priority, r.enqueued_at or r.created_at, r.attempt)
-               for r in session.execute(stmt)]
+    rows = session.execute(stmt).all()
+    gathered: dict[str, int] = {}
+    if any((r.nodes or 1) > 1 for r in rows):
+        gathered = {j: n for j, n in session.execute(
+            select(JobNode.job_id, func.count()).join(Job, Job.id == JobNode.job_id)
+            .where(Job.queue == queue, Job.status == JobStatus.QUEUED,
+                   JobNode.attempt == Job.attempt + 1, JobNode.lease_expires_at >= now)
+            .group_by(JobNode.job_id))}
+    waiting = [Waiting(r.id, r.owner_id, r.priority, r.enqueued_at or r.created_at, r.attempt,
+                       r.nodes or 1, gathered.get(r.id, 0)) for r in rows]
     snap = QueueSnapshot(queue, now, waiting)
     owners = {w.owner_id for w in waiting}
     if owners:
@@ -224,10 +248,14 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
 
 
 def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
-          job_id: str | None = None, now: datetime | None = None) -> str | None:
+          job_id: str | None = None, now: datetime | None = None,
+          where: NodeAddress | None = None) -> Claim | None:
     """Claim the best eligible queued job of ``queue`` for ``worker_id`` (or only
     ``job_id``, when given): ``running``, ``attempt += 1``, a lease of
-    ``settings.lease_s``, and its ``status`` event, committed.
+    ``settings.lease_s``, and its ``status`` event, committed. For a multi-node job the
+    claim is one node slot (:func:`service.gang.take_slot`; the job starts when its last
+    slot is taken), which needs ``where`` (the worker's address and a free port); without
+    it multi-node jobs are passed over.
 
     Candidates are tried in :func:`claim_order`; a candidate taken by another worker in the
     meantime (or whose owner reached the cap meanwhile) is skipped, with at most one try
@@ -239,8 +267,9 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
         now: the clock of the aging (tests pass one); default the current time.
 
     Returns:
-        The claimed job's id; None when no job of the queue may start (none queued, or
-        all their owners at their cap). This function commits a claim and rolls back
+        The claim (:class:`service.gang.Claim`; ``started`` False while a multi-node job's
+        gang still gathers); None when no job of the queue may start (none queued, or all
+        their owners at their cap). This function commits a claim and rolls back
         everything else.
     """
     for _ in range(CLAIM_ROUNDS):
@@ -251,13 +280,23 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
             return None
         tried: set[str] = set()
         for job in order:
-            if job.owner_id in tried:
+            if job.owner_id in tried or (job.nodes > 1 and where is None):
                 continue
             tried.add(job.owner_id)
-            if _take(session, job, queue, snap.caps.get(job.owner_id, 0), worker_id,
-                     settings.lease_s):
+            cap = snap.caps.get(job.owner_id, 0)
+            if job.nodes > 1 and where is not None:
+                session.execute(select(User.id).where(User.id == job.owner_id)
+                                .with_for_update(key_share=True))
+                got = take_slot(session, job_id=job.id, attempt=job.attempt + 1,
+                                nodes=job.nodes, worker_id=worker_id, where=where,
+                                lease_s=settings.lease_s, cap=cap)
+            elif _take(session, job, queue, cap, worker_id, settings.lease_s):
+                got = Claim(job.id, 0, job.attempt + 1, 1, True)
+            else:
+                got = None
+            if got is not None:
                 session.commit()
-                return job.id
+                return got
             session.rollback()
     log.warning("claim in queue %s: %d rounds lost to other workers; giving up (the next "
                 "wake-up or the reaper's re-send tries again)", queue, CLAIM_ROUNDS)

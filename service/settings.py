@@ -75,6 +75,17 @@ class Settings(BaseSettings):
         15.0, gt=0, description="a queued job's effective priority rises by 1 for every "
         "aging_minutes it has waited, up to 9 (the highest priority a job can be given), so "
         "no job waits for ever behind newer higher-priority ones")
+    worker_addr: str = Field(
+        "127.0.0.1", min_length=1, max_length=200, description="the address other hosts "
+        "reach this worker at (LIBREYOLO_WORKER_ADDR): node 0 of a multi-node job hosts the "
+        "c10d rendezvous there and its ranks talk from it. Set it to the host's private "
+        "network address on every worker host of a multi-node pool")
+    max_nodes: int = Field(16, ge=1, le=256, description="the most nodes one job may ask for")
+    gang_wait_s: float = Field(
+        120.0, gt=0, description="a worker holding a node slot of a multi-node job that has "
+        "not gathered all its nodes after this many seconds releases the slot (the job stays "
+        "queued; a log line and a job event say why), so two multi-node jobs never hold "
+        "each other's workers for ever")
     reaper_interval_s: float = Field(15.0, gt=0, description="reaper timer in the API process")
     reaper_enabled: bool = Field(True, description="run the reaper in the API process")
     resend_after_s: float = Field(
@@ -111,7 +122,8 @@ class Settings(BaseSettings):
     engine_python: str = Field(sys.executable, description="python that runs the engine")
     engine_command: list[str] | None = Field(
         None, description="override the engine command (JSON list); '{spec}' is replaced by the "
-        "job.json path, '{nproc}' by the rank count. For tests and custom engines."
+        "job.json path, '{nproc}' by the rank count (per node), '{nnodes}' by the job's nodes "
+        "and '{node_rank}' by this worker's node. For tests and custom engines."
     )
     log_tail_lines: int = Field(40, ge=1, description="log lines kept in a failed job's error")
     gpu_hour_price: float | None = Field(

@@ -5,6 +5,15 @@ One process: ``python -m libreyolo_core.cli train spec=<job.json>``. N ranks:
 libreyolo_core.cli train spec=<job.json>`` (torchrun, whose stop by SIGTERM ends with one
 line and exit 143 instead of a traceback; ``--standalone`` picks a free rendezvous port, so
 two jobs on one host do not collide).
+
+One node of a multi-node job (:class:`NodeLaunch`): the same torchrun with ``--nnodes``
+and the c10d rendezvous at node 0's published endpoint (``--rdzv-id`` is the job and
+attempt, so two attempts never meet); node 0's agent hosts the rendezvous store
+(``is_host=1``), and every agent talks from its worker's address (``--local-addr``). With
+c10d the rendezvous numbers the agents itself (``--node-rank`` applies to the static
+backend only, so it is not passed): the global ranks of a node need not follow its slot
+number, which changes nothing in the run (the rank, not the host, decides its data shard
+and seed).
 """
 
 from __future__ import annotations
@@ -12,16 +21,43 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from libreyolo_core.records.job import JobSpec
 from service.settings import Settings
 
-__all__ = ["CommandBuilder", "build_command", "build_env", "job_spec", "world_size"]
+__all__ = ["CommandBuilder", "NodeLaunch", "build_command", "build_env", "job_spec",
+           "world_size"]
 
-#: (spec path, rank count, settings) -> argv. Injectable for tests and custom engines.
-CommandBuilder = Callable[[Path, int, Settings], list[str]]
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One node of a multi-node job: ``nnodes`` in the world, this node's ``node_rank``
+    (its slot), node 0's c10d ``endpoint`` (``addr:port``), the rendezvous ``run_id``
+    (``<job id>-<attempt>``), this worker's ``local_addr`` and how long the agents wait
+    for each other (``join_timeout_s``)."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str
+    run_id: str
+    local_addr: str
+    join_timeout_s: float
+
+    def torchrun_args(self) -> list[str]:
+        """The torchrun flags of this node."""
+        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}",
+                f"--rdzv-conf=is_host={int(self.node_rank == 0)},"
+                f"join_timeout={max(1, int(self.join_timeout_s))}",
+                f"--local-addr={self.local_addr}", "--max-restarts=0"]
+
+
+#: (spec path, ranks per node, settings, node or None) -> argv. Injectable for tests and
+#: custom engines.
+CommandBuilder = Callable[[Path, int, Settings, NodeLaunch | None], list[str]]
 
 
 def world_size(gpus: int, procs: int) -> int:
@@ -29,17 +65,29 @@ def world_size(gpus: int, procs: int) -> int:
     return gpus if gpus > 0 else max(1, procs)
 
 
-def build_command(spec_path: Path, nproc: int, settings: Settings) -> list[str]:
-    """argv that starts the engine on ``spec_path`` with ``nproc`` ranks.
+def build_command(spec_path: Path, nproc: int, settings: Settings,
+                  node: NodeLaunch | None = None) -> list[str]:
+    """argv that starts the engine on ``spec_path`` with ``nproc`` ranks (on this node,
+    when ``node`` is one node of a multi-node job).
 
-    ``settings.engine_command`` (a list with ``{spec}`` / ``{nproc}`` placeholders)
-    replaces the default command when set.
+    ``settings.engine_command`` (a list with ``{spec}``, ``{nproc}``, ``{nnodes}`` and
+    ``{node_rank}`` placeholders) replaces the default command when set.
     """
     if settings.engine_command:
-        return [a.replace("{spec}", str(spec_path)).replace("{nproc}", str(nproc))
-                for a in settings.engine_command]
+        values = {"{spec}": str(spec_path), "{nproc}": str(nproc),
+                  "{nnodes}": str(node.nnodes if node else 1),
+                  "{node_rank}": str(node.node_rank if node else 0)}
+        out = []
+        for arg in settings.engine_command:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            out.append(arg)
+        return out
     cmd = [settings.engine_python]
-    if nproc > 1:
+    if node is not None:
+        cmd += ["-m", "libreyolo_core.distributed.torchrun", *node.torchrun_args(),
+                f"--nproc-per-node={nproc}"]
+    elif nproc > 1:
         cmd += ["-m", "libreyolo_core.distributed.torchrun", "--standalone",
                 f"--nproc_per_node={nproc}"]
     return cmd + ["-m", "libreyolo_core.cli", "train", f"spec={spec_path}"]

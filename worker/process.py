@@ -24,7 +24,7 @@ from typing import IO
 
 import psutil
 
-from service.procs import die_with_parent
+from libreyolo_core.distributed.parent import die_with_parent
 
 __all__ = ["EngineProcess", "kill_leftovers", "kill_tree", "signal_group", "spawn_engine"]
 

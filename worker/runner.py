@@ -8,6 +8,12 @@ the worker sends wake-ups for its owner's queued jobs, which the owner's cap may
 back. :func:`run_job` runs one given job (a direct run). The engine runs as a subprocess in
 its own session (process group); this process never imports torch.
 
+A multi-node job's claim is one node slot (:mod:`service.gang`): the worker waits for the
+gang (:func:`worker.nodes.gather`), then runs its node. Node 0 runs the job as below and
+also watches the other nodes; a lost node stops the attempt, which is re-queued as a whole
+(:func:`service.job_store.node_lost`). The other nodes only run their engine
+(:func:`worker.nodes.follow`).
+
 The parts: :mod:`worker.process` (start the engine, the stop sequence, kill what is left),
 :mod:`worker.tail` (the engine's files into ``job_events`` and the job's progress),
 :mod:`worker.outcome` (exit code and stop reason -> final status and error),
@@ -30,14 +36,16 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
-from service import job_store
+from service import gang, job_store
 from service.db.models import Job, utcnow
+from service.gang import Claim
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
 from service.scheduler import wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
-from worker.launch import CommandBuilder, build_command, build_env, job_spec, world_size
+from worker import nodes
+from worker.launch import CommandBuilder, NodeLaunch, build_command, build_env, job_spec, world_size
 from worker.outcome import (
     CANCEL,
     ENGINE_ERROR_FILE,
@@ -151,12 +159,14 @@ class _Run:
 
 
 def _claim(sessions: sessionmaker[Session], settings: Settings, worker_id: str, *,
-           queue: str | None = None, job_id: str | None = None) -> Job | None:
+           queue: str | None = None, job_id: str | None = None) -> Claim | None:
     """Claim the best eligible job of ``queue``, or only ``job_id``
-    (:func:`service.job_store.claim`); the claimed row, or None."""
+    (:func:`service.job_store.claim`; a node slot of a multi-node job when this worker's
+    ``worker_addr`` works); the claim, or None."""
+    where = nodes.address(settings)
     with sessions() as s:
         return job_store.claim(session=s, settings=settings, worker_id=worker_id, queue=queue,
-                               job_id=job_id)
+                               job_id=job_id, where=where)
 
 
 def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
@@ -219,21 +229,37 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
         return "skipped"
     if pick:
         queue = getattr(read_job(sessions, job_id), "queue", None)
-        job = _claim(sessions, settings, worker_id, queue=queue) if queue else None
-        if job is None:
+        claim = _claim(sessions, settings, worker_id, queue=queue) if queue else None
+        if claim is None:
             log.info("woken by job %s: no job of queue %s may start now", job_id, queue)
             return "skipped"
-        if job.id != job_id:
-            log.info("woken by job %s: the scheduler chose job %s", job_id, job.id)
+        if claim.job_id != job_id:
+            log.info("woken by job %s: the scheduler chose job %s", job_id, claim.job_id)
     else:
-        job = _claim(sessions, settings, worker_id, job_id=job_id)
-        if job is None:
+        claim = _claim(sessions, settings, worker_id, job_id=job_id)
+        if claim is None:
             log.info("job %s is not queued or its owner is at their cap; skipping", job_id)
             return "skipped"
-    status = _start(job, settings=settings, sessions=sessions, gpu_ids=gpu_ids,
+    job = read_job(sessions, claim.job_id)
+    if job is None:
+        return "skipped"
+    if not claim.started:
+        wake = (job.id, job.queue, job.priority)
+
+        def resend() -> None:
+            if on_requeue is not None:
+                on_requeue(*wake)
+
+        if not nodes.gather(claim, settings=settings, sessions=sessions, worker_id=worker_id,
+                            stop=stop, resend=resend):
+            return "skipped"
+        job = read_job(sessions, claim.job_id) or job
+    status = _start(job, claim, settings=settings, sessions=sessions, gpu_ids=gpu_ids,
                     worker_id=worker_id, command=command, stop=stop, on_requeue=on_requeue)
     if status in TERMINAL and on_requeue is not None:
         _wake_owner(sessions, job.owner_id, on_requeue)
+    if claim.nodes > 1 and on_requeue is not None:
+        _wake_gang(sessions, job.queue, on_requeue)
     return status
 
 
@@ -249,50 +275,91 @@ def _wake_owner(sessions: sessionmaker[Session], owner_id: str, send: Any) -> No
         log.exception("could not send wake-ups for user %s (the reaper re-sends)", owner_id)
 
 
-def _start(job: Job, *, settings: Settings, sessions: sessionmaker[Session],
+def _wake_gang(sessions: sessionmaker[Session], queue: str, send: Any) -> None:
+    """A node of a multi-node job ended: wake a worker for the queue's gathering
+    multi-node job, if any (its wake-ups may sit with workers that were busy)."""
+    try:
+        with sessions() as s:
+            row = s.execute(select(Job.id, Job.priority).where(
+                Job.queue == queue, Job.status == JobStatus.QUEUED, Job.nodes > 1)
+                .order_by(Job.priority.desc(), Job.id).limit(1)).first()
+        if row is not None:
+            send(row[0], queue, row[1])
+    except Exception:
+        log.exception("could not send a wake-up for queue %s (the reaper re-sends)", queue)
+
+
+def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker[Session],
            gpu_ids: Sequence[str] | None, worker_id: str, command: CommandBuilder,
            stop: threading.Event | None, on_requeue: Any) -> str:
-    """Prepare the run directory of a claimed job, launch the engine and watch it."""
+    """Prepare the run directory of a claimed job (one node of it, for a multi-node job),
+    launch the engine and watch it."""
     job_id = job.id
     store = ArtifactStore(settings.artifact_root)
     run = _Run(job, settings=settings, sessions=sessions, worker_id=worker_id, store=store)
     run.job_dir.mkdir(parents=True, exist_ok=True)
-    if job.pid:  # a process group of an earlier attempt (crash or hand-back)
-        n = kill_leftovers(job.pid, run.job_dir)
-        if n:
-            log.warning("job %s: killed %d leftover engine processes", job_id, n)
+    multi = claim.nodes > 1
+    leftovers = kill_leftovers(job.pid, run.job_dir) if job.pid and claim.node_rank == 0 else 0
+    if multi:
+        leftovers += nodes.kill_earlier(sessions, job_id, claim.attempt, run.job_dir)
+    if leftovers:  # process groups of an earlier attempt (crash or hand-back)
+        log.warning("job %s: killed %d leftover engine processes", job_id, leftovers)
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
                     gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options)
-    spec_path = run.job_dir / "job.json"
+    spec_path, log_path, error_file = nodes.node_files(run.job_dir, claim.node_rank)
     spec.write(spec_path)
-    argv = command(spec_path, world_size(job.gpus, job.procs), settings)
+    launch: NodeLaunch | None = None
+    if multi:
+        try:
+            launch = nodes.node_launch(sessions, claim, settings)
+        except LookupError as exc:
+            log.error("job %s: %s", job_id, exc)
+            if claim.node_rank:
+                return f"node {claim.node_rank}: {exc}"
+            run.finish(JobStatus.FAILED, result=None, error={"reason": str(exc), "exit_code": None},
+                       event={"reason": "launch failed"})
+            return JobStatus.FAILED
+    argv = command(spec_path, world_size(job.gpus, job.procs), settings, launch)
     env = build_env(gpu_ids, job.gpus)
-    error_file = run.job_dir / ENGINE_ERROR_FILE
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
-    log.info("job %s attempt %d: %s", job_id, job.attempt, " ".join(argv))
-    with open(store.log_path(job_id), "ab") as logf:
+    where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
+    log.info("job %s attempt %d%s: %s", job_id, job.attempt, where, " ".join(argv))
+    with open(log_path, "ab") as logf:
         try:
             proc = spawn_engine(argv, cwd=run.job_dir, log_file=logf, env=env)
         except OSError as exc:
+            if claim.node_rank:
+                return f"node {claim.node_rank}: could not start the engine: {exc}"
             run.finish(JobStatus.FAILED, result=None,
                        error={"reason": f"could not start the engine: {exc}", "exit_code": None},
                        event={"reason": "launch failed"})
             return JobStatus.FAILED
+    if multi:
+        with sessions() as s:
+            gang.record_node_pid(s, job_id=job_id, attempt=claim.attempt,
+                                 node_rank=claim.node_rank, worker_id=worker_id, pid=proc.pid)
+            s.commit()
+    engine = EngineProcess(proc, job_id)
+    if claim.node_rank:
+        return nodes.follow(engine, claim, settings=settings, sessions=sessions,
+                            worker_id=worker_id, stop=stop, log_path=log_path)
     run.record_pid(proc.pid)
-    return _watch(run, EngineProcess(proc, job_id), job, stop, on_requeue)
+    peers = nodes.Peers(sessions, claim, worker_id, settings) if multi else None
+    return _watch(run, engine, job, stop, on_requeue, peers)
 
 
 def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | None,
-           on_requeue: Any) -> str:
+           on_requeue: Any, peers: nodes.Peers | None = None) -> str:
     """Pump events, renew the lease and poll for a cancel until the engine exits; stop it
-    (:class:`worker.process.EngineProcess`) on a cancel, a worker shutdown, the time budget
-    or a lost lease. Returns the job's status as :func:`run_job` does."""
+    (:class:`worker.process.EngineProcess`) on a cancel, a worker shutdown, the time budget,
+    a lost lease, or (node 0 of a multi-node job, ``peers``) a lost node. Returns the job's
+    status as :func:`run_job` does."""
     settings = run.settings
     started = time.monotonic()
     next_beat = started + settings.heartbeat_s
@@ -310,6 +377,8 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
                 lost = True
             elif beat[0] == JobStatus.CANCELLING:
                 engine.terminate(CANCEL)
+            if peers is not None and peers.check() is not None:
+                engine.terminate(nodes.NODE_LOST)
         elif run.status() == JobStatus.CANCELLING:
             engine.terminate(CANCEL)
         if lost:
@@ -329,11 +398,20 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     action = after_exit(lost=lost, stop_reason=engine.stop_reason)
     if action == "lost":
         return "lost"
+    if peers is not None and action == "finish" and rc != 0 \
+            and engine.stop_reason in (None, nodes.NODE_LOST):
+        own = read_engine_error(run.job_dir / ENGINE_ERROR_FILE)
+        # a config, data or model error fails on every node alike: no node was lost
+        if engine.stop_reason == nodes.NODE_LOST or own is None or own.exit_code not in (2, 3, 4):
+            wait_s = settings.lease_s + settings.heartbeat_s
+            if peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s):
+                return _node_lost(run, job, peers, on_requeue)
     if action == "hand back":
         if run.hand_back(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
             if on_requeue is not None:
                 try:
-                    on_requeue(run.job_id, job.queue, job.priority)
+                    for _ in range(job.nodes):  # one wake-up per node to gather
+                        on_requeue(run.job_id, job.queue, job.priority)
                 except Exception:
                     log.exception("job %s: could not re-send (the reaper will)", run.job_id)
             return JobStatus.QUEUED
@@ -345,6 +423,33 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, outcome.status, rc)
     return outcome.status
+
+
+def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
+    """Node 0's end of an attempt that lost another node: hand the job back when that node's
+    worker shut down (the attempt does not count), else :func:`service.job_store.node_lost`
+    (re-queued as one whole attempt, or failed); wake-ups for every node of a re-queued job."""
+    node = peers.lost[0] if peers.lost is not None else None
+    reason = peers.describe()
+    if node is not None and node.stop == WORKER_SHUTDOWN:
+        ok = run.hand_back(f"{reason}; re-queued, {run.store.resume_note(run.job_id)}")
+        status: str | None = JobStatus.QUEUED if ok else None
+    else:
+        log.warning("job %s: %s", run.job_id, reason)
+        with run.sessions() as s:
+            status = job_store.node_lost(session=s, job_id=run.job_id, worker_id=run.worker_id,
+                                         reason=reason, progress=run.seen.progress or None,
+                                         store=run.store)
+            s.commit()
+    if status is None:
+        return "lost"
+    if status == JobStatus.QUEUED and on_requeue is not None:
+        try:
+            for _ in range(job.nodes):
+                on_requeue(run.job_id, job.queue, job.priority)
+        except Exception:
+            log.exception("job %s: could not re-send (the reaper will)", run.job_id)
+    return status
 
 
 def read_job(sessions: sessionmaker[Session], job_id: str) -> Job | None:

@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import re
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from libreyolo_core.distributed.device import DeviceError, parse_devices, rank_device, select_device
+from libreyolo_core.distributed.parent import die_with_parent
 
 __all__ = [
     "PG_TIMEOUT",
@@ -174,6 +176,8 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     if env is None or env[2] == 1:
         return DistContext(), select_device(device)
     rank, local_rank, world_size = env
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun's agent: end with it
+        die_with_parent(signal.SIGKILL)
     text = "auto" if device is None else str(device).strip().lower()
     if text == "mps":
         raise DeviceError("device='mps' cannot train under DDP (no collective backend for MPS); "

@@ -38,6 +38,7 @@ from service.api.schemas import (
 )
 from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, validate_params
 from service.db.models import Job, utcnow
+from service.gang import nodes_of, world_size
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
 from service.outlook_cache import OutlookCache
@@ -64,6 +65,11 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         duration = (job.finished_at - job.started_at).total_seconds()
     out = JobPublic.model_validate(job)
     out.duration_s = duration
+    out.world_size = world_size(job.nodes, job.gpus, job.procs)
+    if job.nodes > 1 and session is not None:
+        attempt = job.attempt + (1 if job.status == JobStatus.QUEUED else 0)
+        out.node_workers = [n.public() for n in nodes_of(session, job.id, attempt)] or \
+            ([n.public() for n in nodes_of(session, job.id, job.attempt)] if job.attempt else [])
     out.tune = job.options if job.kind == "tune" else None
     if session is not None and settings is not None:
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
@@ -131,7 +137,7 @@ def submit_job(
     Returns:
         The job (201), status ``queued``.
     """
-    gpus = resolve_gpus(body, settings.default_gpus)
+    gpus = resolve_gpus(body, settings.default_gpus, settings.max_nodes)
     request_sha = hashlib.sha256(
         json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
     ).hexdigest()
@@ -156,7 +162,8 @@ def submit_job(
     options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
               options=options,
-              gpus=gpus, procs=body.procs if gpus == 0 else gpus, priority=body.priority,
+              gpus=gpus, procs=body.procs if gpus == 0 else gpus, nodes=body.nodes,
+              priority=body.priority,
               queue=queue_for(gpus), status=JobStatus.QUEUED, attempt=0,
               max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
               idempotency_key=idempotency_key, request_sha256=request_sha,
@@ -177,7 +184,8 @@ def submit_job(
     session.commit()
     session.refresh(job)
     try:
-        enqueue(request.app.state.celery, job.id, job.queue, job.priority)
+        for _ in range(job.nodes):  # one wake-up per node slot to gather
+            enqueue(request.app.state.celery, job.id, job.queue, job.priority)
     except Exception:  # broker down: the reaper re-sends queued jobs later
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)

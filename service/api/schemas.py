@@ -60,6 +60,10 @@ class JobCreate(BaseModel):
     gpus: int | None = Field(None, description="GPUs: 0 (CPU job), 1, 2, 4 or 8; default from "
                              "the server settings")
     procs: int = Field(1, ge=1, le=64, description="CPU ranks (Gloo) of a gpus=0 job")
+    nodes: int = Field(1, ge=1, le=256, description="hosts of one torchrun world (a "
+                       "multi-node job): each runs `gpus` ranks (or `procs` for a CPU job) "
+                       "on a worker of its own; the job starts when that many workers are "
+                       "free (at most the setting max_nodes)")
     priority: int = Field(0, ge=0, le=9, description="0 (default) .. 9 (first)")
     time_budget_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds; "
                                         "the run is stopped (SIGTERM) and failed after it")
@@ -77,8 +81,14 @@ class JobPublic(BaseModel):
     model: str
     data: str
     params: dict[str, Any]
-    gpus: int
-    procs: int
+    gpus: int = Field(description="GPUs per node (0: a CPU job)")
+    procs: int = Field(description="ranks per node")
+    nodes: int = Field(description="hosts of the job's torchrun world (1: one worker)")
+    world_size: int = Field(0, description="ranks of the job in all: nodes x procs")
+    node_workers: list[dict[str, Any]] | None = Field(
+        None, description="a multi-node job that runs or ran: its nodes of the latest attempt "
+        "(node_rank, worker, host, addr, exit_code, stop); while it gathers, the nodes "
+        "claimed so far; null for a one-node job")
     priority: int
     queue: str
     status: JobStatusName

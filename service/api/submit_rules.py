@@ -41,13 +41,18 @@ GPU_COUNTS = (0, 1, 2, 4, 8)
 RESERVED_PARAMS = ("project", "name", "exist_ok", "resume", "device", "data", "model")
 
 
-def resolve_gpus(body: JobCreate, default_gpus: int) -> int:
-    """The job's GPU count: ``body.gpus``, else ``default_gpus`` (the setting).
+def resolve_gpus(body: JobCreate, default_gpus: int, max_nodes: int) -> int:
+    """The job's GPU count (per node): ``body.gpus``, else ``default_gpus`` (the setting).
 
     Raises:
         Problem 422: a count not in :data:`GPU_COUNTS` (``gpus``), ``procs`` on a GPU job,
-            or ``tune`` options on a job of another kind.
+            more ``nodes`` than ``max_nodes`` (the setting), or ``tune`` options on a job
+            of another kind.
     """
+    if body.nodes > max_nodes:
+        raise Problem(422, f"nodes: {body.nodes} is more than this service allows "
+                      f"(max_nodes={max_nodes})", field="nodes", value=body.nodes,
+                      allowed=list(range(1, max_nodes + 1)) if max_nodes <= 16 else None)
     gpus = default_gpus if body.gpus is None else body.gpus
     if gpus not in GPU_COUNTS:
         raise Problem(422, f"gpus: {gpus} is not one of {', '.join(map(str, GPU_COUNTS))}",
@@ -81,7 +86,13 @@ def validate_params(body: JobCreate, gpus: int, family: str | None = None) -> di
         more = f". {OTHER_MODEL_FORMS}" if field == "model" and family is None else ""
         raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
                       allowed=_allowed_values(exc.key)) from None
-    world = gpus or body.procs
+    per_node = gpus or body.procs
+    world = per_node * body.nodes
+    if body.nodes > 1 and (body.kind in ("profile", "tune") or cfg.profile or cfg.preflight):
+        what = "a preflight" if cfg.preflight and body.kind == "train" else \
+            f"a {body.kind if body.kind != 'train' else 'profile'} job"
+        raise Problem(422, f"nodes: {what} runs on one device of one host; use nodes=1",
+                      field="nodes", value=body.nodes, allowed=[1])
     if (body.kind in ("profile", "tune") or cfg.profile) and world > 1:
         raise Problem(422, f"{'gpus' if gpus else 'procs'}: a {body.kind if body.kind != 'train' else 'profile'} "
                       "job runs on one device (the training profiler does not run under DDP); use 1",
@@ -99,6 +110,8 @@ def validate_params(body: JobCreate, gpus: int, family: str | None = None) -> di
             per_rank_batch(cfg.batch, world)
         except ValueError as exc:
             ranks = f"gpus={gpus}" if gpus else f"procs={body.procs}"
+            if body.nodes > 1:
+                ranks += f" on each of nodes={body.nodes}"
             raise Problem(422, f"params.batch: {exc} ({ranks})", field="params.batch", value=cfg.batch,
                           allowed=nearest_valid_batches(cfg.batch, world)) from None
     keys = set(cfg.model_fields_set) - {"model"}

@@ -1,4 +1,4 @@
-"""Tables: users, tokens, jobs, job_events, artifacts, datasets, models, workers.
+"""Tables: users, tokens, jobs, job_nodes, job_events, artifacts, datasets, models, workers.
 
 Times are UTC-aware datetimes (``*_at``); event times are unix seconds as the engine
 writes them. Tokens are stored as the sha256 hex of the token, never the token.
@@ -105,6 +105,9 @@ class Job(Base):
     options: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     procs: Mapped[int] = mapped_column(Integer, default=1)
+    #: hosts of one torchrun world (a multi-node job; migration 0006): ``gpus`` (or
+    #: ``procs``) ranks on each
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     priority: Mapped[int] = mapped_column(Integer, default=0)
     queue: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED)
@@ -129,6 +132,37 @@ class Job(Base):
     sent_at: Mapped[datetime | None] = mapped_column(nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class JobNode(Base):
+    """One node slot of a multi-node job's attempt (``job_nodes``, migration 0006).
+
+    A worker takes a slot while the job is still ``queued`` (the gang gathers); the claim
+    that takes the last of the job's ``nodes`` slots starts the job. ``attempt`` is the
+    attempt the slot serves (the job's ``attempt`` once it runs). Node 0's worker hosts the
+    c10d rendezvous at ``addr:port`` and holds the job's own lease; every slot has its own
+    lease, renewed by its worker. ``exit_code`` / ``stop`` / ``detail`` are written when the
+    node's engine exits (``stop``: why its worker stopped it, e.g. ``worker shutdown``;
+    ``detail``: the last lines of its log).
+    """
+
+    __tablename__ = "job_nodes"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"),
+                                        primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(200))
+    host: Mapped[str] = mapped_column(String(200))
+    addr: Mapped[str] = mapped_column(String(200))
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    claimed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_expires_at: Mapped[datetime] = mapped_column(index=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    exited_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
 class JobEvent(Base):

@@ -30,6 +30,7 @@ EXPECTED = {
     (R, Q, "requeue_expired"), (R, F, "fail_expired"), (C, X, "cancel_expired"),
     (R, S, "finish"), (R, F, "finish"), (R, X, "finish"),
     (C, S, "finish"), (C, F, "finish"), (C, X, "finish"),
+    (R, Q, "node_lost"), (R, F, "node_lost"),
 }
 
 

@@ -64,9 +64,13 @@ def add_job(sessions, owner: str, queue: str, priority: int = 0, params=None, **
                       params=params or {"epochs": 1}, sent_at=utcnow(), **over)
 
 
+def _id(got) -> str | None:
+    return None if got is None else got.job_id
+
+
 def take(sessions, queue: str, settings, worker: str = "w1", **kw) -> str | None:
     with sessions() as s:
-        return claim(s, queue, worker, settings, **kw)
+        return _id(claim(s, queue, worker, settings, **kw))
 
 
 def finish(sessions, job_id: str, status: str = "succeeded") -> None:
@@ -199,11 +203,11 @@ def test_concurrent_claims_keep_the_cap_and_never_double_claim(make_settings, db
     b, _ = new_user(sessions)
     a_jobs = [add_job(sessions, a, q) for _ in range(6)]
     b_jobs = [add_job(sessions, b, q) for _ in range(2)]
-    got = _at_once(db_url, [lambda s, j=j, i=i: claim(s, q, f"w{i}", settings, job_id=j)
+    got = _at_once(db_url, [lambda s, j=j, i=i: _id(claim(s, q, f"w{i}", settings, job_id=j))
                             for i, j in enumerate(a_jobs)])
     won = [j for j in got if j is not None]
     assert len(won) == 2 and running_of(sessions, a) == 2
-    got = _at_once(db_url, [lambda s, i=i: claim(s, q, f"v{i}", settings) for i in range(4)])
+    got = _at_once(db_url, [lambda s, i=i: _id(claim(s, q, f"v{i}", settings)) for i in range(4)])
     claimed = [j for j in got if j is not None]  # losers read again: none gives up early
     assert sorted(claimed) == sorted(b_jobs) and running_of(sessions, a) == 2
     assert take(sessions, q, settings, "late") is None  # A's four others wait for the cap

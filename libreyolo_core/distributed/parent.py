@@ -2,8 +2,12 @@
 
 ``libreyolo-service up`` and the worker's runner start long-lived children in sessions of
 their own; a ``kill -9`` of the parent would otherwise leave them running as orphans (an
-API still holding the port, a worker still claiming jobs). ``prctl(PR_SET_PDEATHSIG, sig)``
-asks the kernel to send ``sig`` to the child when its parent thread exits.
+API still holding the port, a worker still claiming jobs). torchrun's ranks run in sessions
+of their own too: a rank whose agent died would go on training with the other nodes of a
+multi-node job, so each rank started by torchrun ends with its agent
+(:func:`libreyolo_core.distributed.context.init_distributed`).
+``prctl(PR_SET_PDEATHSIG, sig)`` asks the kernel to send ``sig`` to the child when its
+parent thread exits.
 """
 
 from __future__ import annotations
