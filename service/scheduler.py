@@ -351,11 +351,14 @@ def _estimate_starts(session: Session, queue: str, order: Sequence[tuple[Waiting
     free += [0.0] * (slots - len(running))
     heapq.heapify(free)
     out: list[datetime | None] = []
-    for _job, capped in order:
-        start = heapq.heappop(free)
-        known = math.isfinite(start) and not capped
+    for job, capped in order:
+        # a multi-node job starts once it holds as many slots as it has nodes
+        taken = [heapq.heappop(free) for _ in range(min(job.nodes, len(free)))]
+        start = max(taken)
+        known = math.isfinite(start) and not capped and job.nodes <= slots
         out.append(now + timedelta(seconds=start) if known else None)
-        heapq.heappush(free, start + typical if typical is not None else math.inf)
+        for _ in taken:
+            heapq.heappush(free, start + typical if typical is not None else math.inf)
     return out
 
 
@@ -368,8 +371,8 @@ def outlook(session: Session, settings: Settings, queues: Iterable[str],
     next one to start). Estimated start: the queue's live workers (at least its running
     jobs) are slots; a running job's slot frees after the engine's latest ``eta_s`` (its
     progress event), or else after the typical duration (median of the queue's last 20
-    succeeded jobs) minus the time it has run; each job ahead holds a slot for the typical
-    duration. The estimate is None when no live worker serves the queue, when a time it
+    succeeded jobs) minus the time it has run; each job ahead holds a slot (a multi-node
+    job one per node, from when the last of them frees) for the typical duration. The estimate is None when no live worker serves the queue, when a time it
     needs is unknown (no ``eta_s`` and no finished job to learn a duration from), and for a
     job that waits for its owner's cap (that depends on the owner's other jobs). It takes
     the order as it stands now: later submits with a higher priority, and aging, can move

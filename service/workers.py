@@ -29,11 +29,16 @@ def live_queues(session: Session, ttl_s: float) -> dict[str, int]:
     return served
 
 
-def waiting_reason(status: str, queue: str, live: dict[str, int]) -> str | None:
+def waiting_reason(status: str, queue: str, live: dict[str, int], nodes: int = 1) -> str | None:
     """Why a job waits: ``"waiting for a gpu-1 worker (none online)"`` for a queued job
-    whose queue no live worker serves; None otherwise (not queued, or served)."""
-    if status != JobStatus.QUEUED or live.get(queue):
+    whose queue no live worker serves, ``"waiting for 2 cpu workers (1 online)"`` for a
+    multi-node job with fewer live workers than ``nodes``; None otherwise (not queued, or
+    served)."""
+    have = live.get(queue, 0)
+    if status != JobStatus.QUEUED or have >= max(1, nodes):
         return None
+    if nodes > 1:
+        return f"waiting for {nodes} {queue} workers ({have or 'none'} online)"
     return f"waiting for a {queue} worker (none online)"
 
 

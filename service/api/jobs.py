@@ -74,7 +74,7 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
     if session is not None and settings is not None:
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
-        out.waiting = waiting_reason(job.status, job.queue, live)
+        out.waiting = waiting_reason(job.status, job.queue, live, job.nodes)
     where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     if where is not None:
         out.queue_position = where.position
@@ -158,6 +158,10 @@ def submit_job(
         if settings.refuse_unserved:
             raise Problem(409, warning, field="gpus", queue=queue_for(gpus))
         warnings.append(warning)
+    elif body.nodes > live[queue_for(gpus)]:
+        warnings.append(f"only {live[queue_for(gpus)]} live worker(s) serve queue "
+                        f"{queue_for(gpus)!r}: this {body.nodes}-node job starts when "
+                        f"{body.nodes} of them are free at once")
     now = utcnow()
     options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
