@@ -23,8 +23,8 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from service.credentials import save_credentials, saved_token
 from libreyolo_core.distributed.parent import die_with_parent
+from service.credentials import save_credentials, saved_token
 from service.settings import Settings
 from service.users_cli import users_app
 

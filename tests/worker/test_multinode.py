@@ -12,8 +12,16 @@ import psutil
 import pytest
 import redis
 from test_worker_celery import start_worker, stop_worker
-from testkit import REDIS_URL, ServerThread, client, engine_lines, fresh_database, make_user, \
-    pg_available, wait_for
+from testkit import (
+    REDIS_URL,
+    ServerThread,
+    client,
+    engine_lines,
+    fresh_database,
+    make_user,
+    pg_available,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not pg_available(),
                                                    reason="PostgreSQL not reachable")]
