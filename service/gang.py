@@ -24,6 +24,7 @@ longer ``running`` at their attempt they stop their engine.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -101,6 +102,13 @@ def free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
+
+
+def _loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 def _slot(job_id: str, attempt: int, node_rank: int | None = None,
@@ -184,6 +192,12 @@ def start_gang(session: Session, *, job_id: str, attempt: int, cap: int, lease_s
         where.append(running < cap)
     now = utcnow()
     ws = world_size(job.nodes, job.gpus, job.procs)
+    if len({n.host for n in slots}) > 1 and any(_loopback(n.addr) for n in slots):
+        append_events(session, job_id, [("log", now.timestamp(), {
+            "event": "gang", "line": "warning: the nodes run on different hosts but "
+            f"{', '.join(sorted({n.addr for n in slots if _loopback(n.addr)}))} is a loopback "
+            "address: set LIBREYOLO_WORKER_ADDR on each worker host to the address the "
+            "others reach it at, or the rendezvous cannot join"})])
     event = {"attempt": attempt, "worker": slots[0].worker, "world_size": ws,
              "nodes": [{"node_rank": n.node_rank, "worker": n.worker, "addr": n.addr}
                        for n in slots],
@@ -299,6 +313,9 @@ def lost_nodes(session: Session, *, job_id: str, attempt: int, now: datetime | N
         if n.exit_code is not None and (n.exit_code != 0 or n.stop):
             why = f"its engine {'was stopped (' + n.stop + ')' if n.stop else 'failed'}, " \
                   f"exit code {n.exit_code}"
+            last = [ln for ln in (n.detail or "").splitlines() if ln.strip()]
+            if last and not n.stop:
+                why += f"; its log ends: {last[-1].strip()[:300]}"
             out.append((n, why))
         elif n.exit_code is None and n.lease_expires_at < now:
             out.append((n, "its node lease expired (worker lost)"))
