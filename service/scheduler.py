@@ -225,15 +225,24 @@ def _running_of(owner_id: str):
             .where(other.owner_id == owner_id, other.status.in_(ACTIVE)).scalar_subquery())
 
 
+def _lock_owner(session: Session, owner_id: str, *, skip_locked: bool) -> bool:
+    """Lock the owner's ``users`` row for this claim (PostgreSQL ``FOR NO KEY UPDATE``:
+    claims for one owner take turns, while a submit, whose foreign key takes ``FOR KEY
+    SHARE`` on the row, never waits for one; SQLite ignores it, its write lock does the
+    same). With ``skip_locked`` a row another claimer holds is not waited for.
+
+    Returns:
+        False when ``skip_locked`` and another claimer holds the row.
+    """
+    row = session.execute(select(User.id).where(User.id == owner_id)
+                          .with_for_update(key_share=True, skip_locked=skip_locked)).first()
+    return row is not None
+
+
 def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
           lease_s: float) -> bool:
     """One atomic attempt: ``queued -> running`` if still queued at the attempt read and
-    the owner is under ``cap``. Locks the owner's row first on PostgreSQL (SQLite ignores
-    ``FOR UPDATE``; its write lock does the same)."""
-    # FOR NO KEY UPDATE: claims for one owner queue up, while a submit (whose foreign key
-    # takes FOR KEY SHARE on the same row) never waits for one
-    session.execute(select(User.id).where(User.id == job.owner_id)
-                    .with_for_update(key_share=True))
+    the owner is under ``cap`` (the caller holds the owner's row, :func:`_lock_owner`)."""
     where = [Job.queue == queue, Job.attempt == job.attempt]
     if cap > 0:
         where.append(_running_of(job.owner_id) < cap)
@@ -245,6 +254,24 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
         lease_expires_at=now + timedelta(seconds=lease_s),
         started_at=func.coalesce(Job.started_at, now), cancel_requested=False,
     )
+
+
+def _try(session: Session, job: Waiting, queue: str, snap: QueueSnapshot, worker_id: str,
+         settings: Settings, where: NodeAddress | None) -> Claim | None:
+    """Claim ``job`` (a node slot of a multi-node one) with its owner's row locked; commits
+    a claim, rolls back otherwise."""
+    cap = snap.caps.get(job.owner_id, 0)
+    got: Claim | None = None
+    if job.nodes > 1 and where is not None:
+        got = take_slot(session, job_id=job.id, attempt=job.attempt + 1, nodes=job.nodes,
+                        worker_id=worker_id, where=where, lease_s=settings.lease_s, cap=cap)
+    elif _take(session, job, queue, cap, worker_id, settings.lease_s):
+        got = Claim(job.id, 0, job.attempt + 1, 1, True)
+    if got is not None:
+        session.commit()
+    else:
+        session.rollback()
+    return got
 
 
 def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
@@ -261,7 +288,11 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
     meantime (or whose owner reached the cap meanwhile) is skipped, with at most one try
     per owner per read, and the queue is read again until a claim wins or no candidate is
     left (at most :data:`CLAIM_ROUNDS` reads), so a woken worker does not give up while a
-    job it may start waits.
+    job it may start waits. On PostgreSQL a candidate whose owner another claimer is
+    serving right now (its ``users`` row locked) is passed over at first
+    (``SKIP LOCKED``), so claimers woken together spread over the owners instead of
+    queueing behind the first one; when every candidate of a read was passed over that
+    way, the best of them is waited for.
 
     Args:
         now: the clock of the aging (tests pass one); default the current time.
@@ -279,25 +310,23 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
         if not order:
             return None
         tried: set[str] = set()
+        busy: list[Waiting] = []  # owners another claimer was serving
         for job in order:
             if job.owner_id in tried or (job.nodes > 1 and where is None):
                 continue
             tried.add(job.owner_id)
-            cap = snap.caps.get(job.owner_id, 0)
-            if job.nodes > 1 and where is not None:
-                session.execute(select(User.id).where(User.id == job.owner_id)
-                                .with_for_update(key_share=True))
-                got = take_slot(session, job_id=job.id, attempt=job.attempt + 1,
-                                nodes=job.nodes, worker_id=worker_id, where=where,
-                                lease_s=settings.lease_s, cap=cap)
-            elif _take(session, job, queue, cap, worker_id, settings.lease_s):
-                got = Claim(job.id, 0, job.attempt + 1, 1, True)
-            else:
-                got = None
+            if not _lock_owner(session, job.owner_id, skip_locked=True):
+                session.rollback()
+                busy.append(job)
+                continue
+            got = _try(session, job, queue, snap, worker_id, settings, where)
             if got is not None:
-                session.commit()
                 return got
-            session.rollback()
+        for job in busy[:1]:  # nothing else was free: wait for the best one
+            _lock_owner(session, job.owner_id, skip_locked=False)
+            got = _try(session, job, queue, snap, worker_id, settings, where)
+            if got is not None:
+                return got
     log.warning("claim in queue %s: %d rounds lost to other workers; giving up (the next "
                 "wake-up or the reaper's re-send tries again)", queue, CLAIM_ROUNDS)
     return None
