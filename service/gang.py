@@ -162,8 +162,8 @@ def take_slot(session: Session, *, job_id: str, attempt: int, nodes: int, worker
     started = start_gang(session, job_id=job_id, attempt=attempt, cap=cap, lease_s=lease_s)
     if not started:
         append_events(session, job_id, [("log", now.timestamp(), {
-            "event": "gang", "line": f"node {rank} of {nodes} claimed by {worker_id}; "
-            f"{len(held) + 1} of {nodes} nodes gathered"})])
+            "event": "gang", "lines": [f"node {rank} of {nodes} claimed by {worker_id}; "
+            f"{len(held) + 1} of {nodes} nodes gathered"]})])
     return Claim(job_id, rank, attempt, nodes, started)
 
 
@@ -194,10 +194,10 @@ def start_gang(session: Session, *, job_id: str, attempt: int, cap: int, lease_s
     ws = world_size(job.nodes, job.gpus, job.procs)
     if len({n.host for n in slots}) > 1 and any(_loopback(n.addr) for n in slots):
         append_events(session, job_id, [("log", now.timestamp(), {
-            "event": "gang", "line": "warning: the nodes run on different hosts but "
+            "event": "gang", "lines": ["warning: the nodes run on different hosts but "
             f"{', '.join(sorted({n.addr for n in slots if _loopback(n.addr)}))} is a loopback "
             "address: set LIBREYOLO_WORKER_ADDR on each worker host to the address the "
-            "others reach it at, or the rendezvous cannot join"})])
+            "others reach it at, or the rendezvous cannot join"]})])
     event = {"attempt": attempt, "worker": slots[0].worker, "world_size": ws,
              "nodes": [{"node_rank": n.node_rank, "worker": n.worker, "addr": n.addr}
                        for n in slots],
@@ -259,7 +259,7 @@ def release_slot(session: Session, claim: Claim, *, worker_id: str, reason: str)
         .returning(JobNode.node_rank)).first() is not None
     if gone:
         append_events(session, claim.job_id, [("log", utcnow().timestamp(),
-                                               {"event": "gang", "line": reason})])
+                                               {"event": "gang", "lines": [reason]})])
     session.commit()
     return bool(gone)
 
