@@ -156,3 +156,40 @@ def test_migration_0004_down_and_up_keeps_the_rows(kind, tmp_path):
             upgrade(url)
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_migration_0006_down_and_up_keeps_the_jobs(kind, tmp_path):
+    """0006 adds jobs.nodes (existing jobs: 1) and the job_nodes table, and goes back down
+    to 0005 without losing the job rows."""
+    from alembic import command
+    from sqlalchemy import inspect, text
+
+    from service.db.migrate import alembic_config, upgrade
+    from service.db.session import make_engine
+
+    with fresh_database(kind, tmp_path) as url:
+        command.downgrade(alembic_config(url), "0005")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO users (id, name, is_admin, created_at) "
+                                  "VALUES ('u1', 'old', false, '2026-01-01 00:00:00')"))
+                conn.execute(text(
+                    "INSERT INTO jobs (id, owner_id, kind, model, data, params, gpus, procs, "
+                    "priority, queue, status, attempt, max_attempts, cancel_requested, "
+                    "event_seq, events_offset, log_offset, created_at) VALUES ('j1', 'u1', "
+                    "'train', 'yolo9-t', '/d.yaml', '{}', 0, 1, 0, 'cpu', 'succeeded', 1, 3, "
+                    "false, 0, 0, 0, '2026-01-01 00:00:00')"))
+            upgrade(url)
+            assert "job_nodes" in inspect(engine).get_table_names()
+            with engine.begin() as conn:
+                assert conn.execute(text("SELECT nodes FROM jobs WHERE id = 'j1'")).scalar_one() == 1
+            command.downgrade(alembic_config(url), "0005")
+            assert "job_nodes" not in inspect(engine).get_table_names()
+            assert "nodes" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+            with engine.begin() as conn:
+                assert conn.execute(text("SELECT model FROM jobs")).scalar_one() == "yolo9-t"
+            upgrade(url)
+        finally:
+            engine.dispose()
