@@ -137,6 +137,8 @@ def test_two_node_job_trains_like_two_ranks_on_one_node(stack, data, tmp_path):
     assert multi == engine_lines(stack.settings.artifact_root / two_nodes / "run")
     got, want = epoch_losses(multi), epoch_losses(single)
     assert len(got) == len(want) == 2
+    worst = max(abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(got, want, strict=True) for k in a)
+    print(f"2 nodes x 1 rank vs 1 node x 2 ranks: largest relative loss difference {worst:.2e}")
     for a, b in zip(got, want, strict=True):
         assert a.keys() == b.keys()
         for k in a:
@@ -178,6 +180,8 @@ def test_kill9_one_node_resumes_the_whole_job(stack, data, tmp_path):
         assert requeued["status"] == "queued", requeued
         s = stack.settings
         assert took < s.lease_s + s.grace_s + 10, took  # the lease, then node 0's stop
+        print(f"node 0 stopped and re-queued the attempt {took:.1f} s after the kill "
+              f"(lease_s={s.lease_s:g})")
         reasons = [e["data"].get("reason", "") for e in
                    c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
                    if e["kind"] == "status"]
