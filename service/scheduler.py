@@ -25,7 +25,9 @@ subquery of the same statement) with a check of what it returned: on SQLite the 
 runs under the database's single write lock, so the count and the update are one step; on
 PostgreSQL the owner's ``users`` row is locked first (``SELECT ... FOR NO KEY UPDATE``), so
 two workers claiming for one owner run one after the other and the second counts the
-first's job. Losing a race (another worker took the job) moves on to the next candidate.
+first's job (a claimer passes over an owner whose row another claimer holds, ``SKIP
+LOCKED``, and waits for one only when all were busy). Losing a race (another worker took
+the job) moves on to the next candidate.
 
 **Multi-node jobs** (``nodes > 1``) gather a gang: each woken worker takes one node slot
 (:mod:`service.gang`) and the job starts when the last slot is taken. A job whose gang has
