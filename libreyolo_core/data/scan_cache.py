@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import socket
 import stat
 import warnings
 from collections.abc import Iterable
@@ -95,7 +96,8 @@ def save_cache(path: Path, key: str, report: ScanReport) -> None:
     if not writable_dir(path.parent):
         logger.info("%s: folder is read-only; label scan not cached", path.parent)
         return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # host and pid: ranks of a multi-node job may write it at once on a shared filesystem
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
