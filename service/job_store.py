@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Artifact, Job, User, utcnow
+from service.db.models import Artifact, Job, JobNode, User, utcnow
 from service.gang import Claim, NodeAddress
 from service.lifecycle import (
     ACTIVE,
@@ -140,17 +140,24 @@ def hand_back(*, session: Session, job_id: str, worker_id: str, reason: str,
     the next attempt resumes from ``last.pt``.
 
     A graceful hand-back is not a failed attempt: the attempt count goes back down, so
-    restarting the service any number of times never uses up ``max_attempts``.
+    restarting the service any number of times never uses up ``max_attempts``. The next
+    attempt has the same number, so a multi-node job's node slots of the handed-back
+    attempt are deleted with it (else the next gang would find them held).
 
     Returns:
         True if the job was handed back; False when ``worker_id`` no longer holds it or it
         is not ``running`` (a cancel came first).
     """
     now = utcnow()
-    return transition(session, job_id, HAND_BACK, extra_where=[Job.lease_owner == worker_id],
+    done = transition(session, job_id, HAND_BACK, extra_where=[Job.lease_owner == worker_id],
                       event={"reason": reason}, lease_owner=None, lease_expires_at=None,
                       enqueued_at=now, sent_at=now, progress=progress,
                       attempt=Job.attempt - 1)
+    if done:
+        session.execute(delete(JobNode).where(
+            JobNode.job_id == job_id,
+            JobNode.attempt > select(Job.attempt).where(Job.id == job_id).scalar_subquery()))
+    return done
 
 
 def node_lost(*, session: Session, job_id: str, worker_id: str, reason: str,
