@@ -307,14 +307,17 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
     """
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
-        order = claim_order(snap, settings.aging_minutes)
+        # without an address a worker may not take a node slot: multi-node jobs are no
+        # candidates (skipping them in the loop below would re-read the queue every round)
+        order = [w for w in claim_order(snap, settings.aging_minutes)
+                 if w.nodes == 1 or where is not None]
         session.rollback()  # end the read; each try is its own transaction
         if not order:
             return None
         tried: set[str] = set()
         busy: list[Waiting] = []  # owners another claimer was serving
         for job in order:
-            if job.owner_id in tried or (job.nodes > 1 and where is None):
+            if job.owner_id in tried:
                 continue
             tried.add(job.owner_id)
             if not _lock_owner(session, job.owner_id, skip_locked=True):

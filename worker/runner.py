@@ -401,8 +401,9 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     if peers is not None and action == "finish" and rc != 0 \
             and engine.stop_reason in (None, nodes.NODE_LOST):
         own = read_engine_error(run.job_dir / ENGINE_ERROR_FILE)
-        # a config, data or model error fails on every node alike: no node was lost
-        if engine.stop_reason == nodes.NODE_LOST or own is None or own.exit_code not in (2, 3, 4):
+        # a config, data or model error fails on every node alike: no node was lost (also
+        # when node 0's engine wrote it as the lost node's SIGTERM came: it failed by itself)
+        if own is None or own.exit_code not in (2, 3, 4):
             wait_s = settings.lease_s + settings.heartbeat_s
             if peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s):
                 return _node_lost(run, job, peers, on_requeue)

@@ -150,8 +150,12 @@ def write_data_yaml(folder: Path) -> Path:
 # A stand-in for `python -m libreyolo_core.cli train spec=...`: reads job.json, writes
 # events.jsonl and weights/last.pt under <project>/<name>, resumes from last.pt, and on
 # SIGTERM finishes the step, writes last.pt, records run_end interrupted and exits 143.
+# `node=<r>` (the engine_command's {node_rank}): a node other than 0 of a multi-node job
+# writes no events and no last.pt (as torchrun's other ranks); it sleeps through the same
+# epochs, stops on SIGTERM (143) and fails like node 0.
 # Knobs (params first, then env): fake_epoch_s / FAKE_EPOCH_S, fake_exit / FAKE_EXIT,
-# fake_ignore_term / FAKE_IGNORE_TERM, fake_steps / FAKE_STEPS.
+# fake_ignore_term / FAKE_IGNORE_TERM, fake_steps / FAKE_STEPS, and fake_node_exit /
+# FAKE_NODE_EXIT (the exit code of the nodes other than 0 only, at their start).
 FAKE_ENGINE = r'''
 import json, os, signal, sys, time
 spec_path = sys.argv[1].split("=", 1)[1] if "=" in sys.argv[1] else sys.argv[1]
@@ -165,11 +169,7 @@ epoch_s = knob("fake_epoch_s", 0.2)
 steps = knob("fake_steps", 4)
 fail = knob("fake_exit", 0)
 ignore = knob("fake_ignore_term", 0)
-run = os.path.join(spec["project"], spec["name"])
-os.makedirs(os.path.join(run, "weights"), exist_ok=True)
-ev = open(os.path.join(run, "events.jsonl"), "a")
-def emit(name, **kw):
-    ev.write(json.dumps({"event": name, "time": time.time(), **kw}) + "\n"); ev.flush()
+node = int(dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a).get("node", 0))
 stop = {"term": False}
 def on_term(signum, frame):
     stop["term"] = True
@@ -178,6 +178,25 @@ start = 1
 if spec.get("resume"):
     start = json.load(open(spec["resume"]))["epoch"] + 1
     print(f"resuming from {spec['resume']} at epoch {start}", flush=True)
+if node:
+    fail = knob("fake_node_exit", fail)
+    print(f"fake engine node {node} pid={os.getpid()} epochs={epochs}", flush=True)
+    if fail:
+        print(f"fatal: node {node} broke", flush=True)
+        sys.exit(fail)
+    for epoch in range(start, epochs + 1):
+        for step in range(1, steps + 1):
+            time.sleep(epoch_s / steps)
+            if stop["term"]:
+                print("interrupted", flush=True)
+                sys.exit(143)
+    print("done", flush=True)
+    sys.exit(0)
+run = os.path.join(spec["project"], spec["name"])
+os.makedirs(os.path.join(run, "weights"), exist_ok=True)
+ev = open(os.path.join(run, "events.jsonl"), "a")
+def emit(name, **kw):
+    ev.write(json.dumps({"event": name, "time": time.time(), **kw}) + "\n"); ev.flush()
 emit("run_start", config=p, run_dir=run, pid=os.getpid())
 print(f"fake engine pid={os.getpid()} epochs={epochs}", flush=True)
 if fail:
@@ -221,7 +240,7 @@ def fake_engine(tmp: Path) -> list[str]:
     """Write the fake engine script; returns the ``engine_command`` template."""
     path = tmp / "fake_engine.py"
     path.write_text(FAKE_ENGINE)
-    return [sys.executable, str(path), "spec={spec}"]
+    return [sys.executable, str(path), "spec={spec}", "node={node_rank}"]
 
 
 def engine_lines(run_dir: Path) -> list[dict[str, Any]]:
