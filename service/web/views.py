@@ -198,9 +198,11 @@ def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
 def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
     """The nodes card of a multi-node job (``None`` for a one-node job): ``world_size``
     (ranks in all), ``attempt`` (the attempt its rows serve), ``gathering`` (the job waits
-    for its gang: the rows are the slots claimed so far), ``claimed`` (slots held) and one
-    row per node rank: ``worker``, ``host``, ``addr``, ``state`` (the exit code and why its
-    worker stopped it, or what it does now; an unclaimed rank: ``'waiting for a worker'``).
+    for its gang: the rows are the slots claimed so far), ``claimed`` (slots held),
+    ``requeued`` (the attempt a re-queued job waits for while its rows are still the
+    attempt before, else None) and one row per node rank: ``worker``, ``host``, ``addr``,
+    ``state`` (the exit code and why its worker stopped it, or what it does now; an
+    unclaimed rank: ``'waiting for a worker'``).
 
     A queued job shows the slots of its next attempt; while none is claimed, a re-queued
     job still shows those of the attempt before (as ``node_workers`` of the API does).
@@ -210,8 +212,9 @@ def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
     gathering = job.status == JobStatus.QUEUED
     attempt = job.attempt + 1 if gathering else job.attempt
     slots = nodes_of(session, job.id, attempt)
+    requeued = None
     if not slots and gathering and job.attempt:
-        gathering, attempt = False, job.attempt
+        gathering, requeued, attempt = False, attempt, job.attempt
         slots = nodes_of(session, job.id, attempt)
     if gathering:
         live = "claimed"
@@ -229,7 +232,7 @@ def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
                      "addr": n.addr if n.addr != n.host else "",
                      "state": node_state_text(n.exit_code, n.stop, live)})
     return {"world_size": world_size(job.nodes, job.gpus, job.procs), "attempt": attempt,
-            "gathering": gathering, "claimed": len(slots), "rows": rows}
+            "gathering": gathering, "claimed": len(slots), "requeued": requeued, "rows": rows}
 
 
 def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:

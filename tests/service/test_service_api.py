@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 from testkit import REPO, ServerThread, client, make_user, queued_job, take_node
 
+from service import job_store
 from service.db.models import Artifact, Job, User, utcnow
 from service.lifecycle import CLAIM, FINISH, JobStatus
 from service.ops import append_events, transition
@@ -402,7 +403,8 @@ def _node_row(summary_html: str, rank: int) -> str:
 def test_a_multi_node_job_on_the_pages_and_in_the_api(server, sessions):
     """A 2-node CPU job put in the database, its slots claimed by the real gang code: the
     jobs table says "2 nodes × 1 CPU rank", the summary its world size and each node's
-    worker while it gathers, runs and after its nodes exited; a 1-node job looks as before."""
+    worker while it gathers, runs, is re-queued after a node was lost (the nodes of the
+    attempt it ran), gathers again and ends; a 1-node job looks as before."""
     from service.gang import record_node_exit
 
     name, token = make_user(sessions)
@@ -438,18 +440,32 @@ def test_a_multi_node_job_on_the_pages_and_in_the_api(server, sessions):
         assert [(n["node_rank"], n["worker"], n["addr"]) for n in running["nodes"]] == [
             (0, "w-a", "10.0.0.1"), (1, "w-b", "10.0.0.2")]
 
+        # node 1's worker shut down: node 0 re-queues the whole attempt
         with sessions() as s:
             record_node_exit(s, job_id=multi, attempt=1, node_rank=1, worker_id="w-b",
                              exit_code=143, stop="worker shutdown", detail="")
             record_node_exit(s, job_id=multi, attempt=1, node_rank=0, worker_id="w-a",
-                             exit_code=0, stop=None, detail="")
-            assert transition(s, multi, FINISH, JobStatus.FAILED, finished_at=utcnow())
+                             exit_code=143, stop=None, detail="")
+            assert job_store.node_lost(session=s, job_id=multi, worker_id="w-a",
+                                       reason="node 1 was stopped", progress=None,
+                                       store=server.app.state.store) == JobStatus.QUEUED
             s.commit()
         summary = c.get(f"/web/jobs/{multi}/summary").text
-        assert "<td>0</td>" in _node_row(summary, 0)
+        assert "Re-queued: waiting for 2 workers for attempt 2. Attempt 1 ran on these " \
+            "nodes:" in summary
+        assert "<td>143</td>" in _node_row(summary, 0)
         assert "<td>143 (worker shutdown)</td>" in _node_row(summary, 1)
-        ended = c.get(f"/v1/jobs/{multi}").json()["node_workers"]
-        assert [(n["exit_code"], n["stop"]) for n in ended] == [(0, None), (143, "worker shutdown")]
+        requeued = c.get(f"/v1/jobs/{multi}").json()["node_workers"]
+        assert [(n["exit_code"], n["stop"]) for n in requeued] == [(143, None),
+                                                                   (143, "worker shutdown")]
+        take_node(sessions, multi, "w-c", "10.0.0.3", attempt=2)
+        summary = c.get(f"/web/jobs/{multi}/summary").text
+        assert "1 of 2 nodes claimed for attempt 2" in summary
+        assert "w-c" in _node_row(summary, 0) and "waiting for a worker" in _node_row(summary, 1)
+        assert c.post(f"/v1/jobs/{multi}/cancel").json()["status"] == "cancelled"
+        summary = c.get(f"/web/jobs/{multi}/summary").text  # the nodes of its last run
+        assert "2 nodes, world size 2, attempt 1." in summary
+        assert "<td>143 (worker shutdown)</td>" in _node_row(summary, 1)
 
         one = c.get(f"/web/jobs/{single}/summary").text
         assert 'id="devices">CPU · queue cpu</dd>' in one
