@@ -146,7 +146,8 @@ class EventPrinter:
         elif name == "tune":
             self._line(f"tune: {d.get('answer')}")
         elif name == "gang":  # the service: a node slot of a multi-node job taken or released
-            self._line(f"nodes: {d.get('line')}")
+            for ln in d.get("lines") or []:
+                self._line(f"nodes: {ln}")
         elif ev.kind == "log" and self.logs:
             for ln in d.get("lines") or []:
                 self._line(ln)

@@ -192,7 +192,8 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                 bar.update(task, description=f"{job.id} {d.get('status')}")
                 bar.console.print(f"status: {status_text(d)}", markup=False, highlight=False)
             elif name == "gang":  # a node slot of a multi-node job taken or released
-                bar.console.print(f"nodes: {d.get('line')}", markup=False, highlight=False)
+                for ln in d.get("lines") or []:
+                    bar.console.print(f"nodes: {ln}", markup=False, highlight=False)
             elif name in ("progress", "epoch_start") and d.get("epochs"):
                 if d.get("phase") == "validating":  # the bar stays at the epoch's end
                     bar.update(task, detail=progress_text(d).replace("  ", " "))

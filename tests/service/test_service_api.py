@@ -433,8 +433,8 @@ def test_a_multi_node_job_on_the_pages_and_in_the_api(server, sessions):
         assert "2 nodes, world size 2, attempt 1." in summary
         assert [_node_row(summary, r).count("running") for r in (0, 1)] == [1, 1]
         events = c.get(f"/v1/jobs/{multi}/events").json()["data"]
-        gang = [e["data"]["line"] for e in events if e["data"].get("event") == "gang"]
-        assert gang == ["node 0 of 2 claimed by w-a; 1 of 2 nodes gathered"]
+        gang = [e["data"]["lines"] for e in events if e["data"].get("event") == "gang"]
+        assert gang == [["node 0 of 2 claimed by w-a; 1 of 2 nodes gathered"]]
         running = next(e["data"] for e in events if e["data"].get("status") == "running")
         assert running["world_size"] == 2 and running["rendezvous"] == "10.0.0.1:29500"
         assert [(n["node_rank"], n["worker"], n["addr"]) for n in running["nodes"]] == [

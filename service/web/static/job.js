@@ -77,7 +77,6 @@
     const d = e.data || {};
     if (e.kind === 'log') {
       addLines(Array.isArray(d.lines) ? d.lines : []);
-      if (typeof d.line === 'string') addLines(['── ' + d.line + ' ──']);  // the service's own
       if (d.event === 'gang') scheduleSummary(500);  // a node slot taken or released
     } else if (e.kind === 'metric') {
       if (d.event === 'progress' || d.event === 'epoch_start') showProgress(d);
