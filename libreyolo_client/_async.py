@@ -22,6 +22,7 @@ from libreyolo_client import _follow
 from libreyolo_client._client import (
     CHUNK,
     DEFAULT_TIMEOUT,
+    JOB_OPTIONS,
     RETRY_STATUSES,
     TUNE_OPTIONS,
     _Base,
@@ -127,12 +128,12 @@ class AsyncClient(_Base):
                         follower.fail(exc)
 
     async def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
-                     gpus: int | None = None, procs: int = 1, priority: int = 0,
+                     gpus: int | None = None, procs: int = 1, nodes: int = 1, priority: int = 0,
                      time_budget_s: float | None = None, idempotency_key: str | None = None,
                      params: dict[str, Any] | None = None,
                      tune: dict[str, Any] | None = None) -> AsyncJob:
         """See :meth:`Client.submit`."""
-        body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
+        body = self._job_body(kind, model, data, gpus, procs, nodes, priority, time_budget_s,
                               dict(params or {}), tune)
         key = idempotency_key or uuid.uuid4().hex
         info = JobInfo.model_validate(
@@ -143,26 +144,23 @@ class AsyncClient(_Base):
 
     async def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
                     gpus: int | None = None, **kw: Any) -> AsyncJob:
-        """See :meth:`Client.train` (``procs``, ``priority``, ``time_budget_s`` and
+        """See :meth:`Client.train` (``procs``, ``nodes``, ``priority``, ``time_budget_s`` and
         ``idempotency_key`` are options; every other keyword is a training key)."""
-        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
-                if k in kw}
+        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
         return await self.submit("train", model, data, gpus=gpus, params=kw, **opts)
 
     async def profile(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
                       gpus: int | None = None, **kw: Any) -> AsyncJob:
         """See :meth:`Client.profile`."""
-        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
-                if k in kw}
+        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
         return await self.submit("profile", model, data, gpus=gpus, params=kw, **opts)
 
     async def tune(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
                    gpus: int | None = None, **kw: Any) -> AsyncJob:
         """See :meth:`Client.tune` (``repeat``, ``warmup``, ``steps``, ``max_candidates``,
-        ``budget_s``, ``min_gain`` are the tune's options; ``procs``, ``priority``,
+        ``budget_s``, ``min_gain`` are the tune's options; ``procs``, ``nodes``, ``priority``,
         ``time_budget_s``, ``idempotency_key`` the job's; every other keyword a training key)."""
-        opts = {k: kw.pop(k) for k in ("procs", "priority", "time_budget_s", "idempotency_key")
-                if k in kw}
+        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
         tune = {k: kw.pop(k) for k in TUNE_OPTIONS if k in kw}
         return await self.submit("tune", model, data, gpus=gpus, params=kw,
                                  tune={k: v for k, v in tune.items() if v is not None}, **opts)

@@ -60,6 +60,9 @@ CHUNK = 1 << 20
 ProgressFn = Callable[[int, int | None], None]
 #: The options of a tune job (every other keyword of :meth:`Client.tune` is a training key).
 TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_gain")
+#: The job's own options of :meth:`Client.train`, ``profile`` and ``tune`` (every other
+#: keyword is a training key).
+JOB_OPTIONS = ("procs", "nodes", "priority", "time_budget_s", "idempotency_key")
 EventFn = Callable[[Event], None]
 
 
@@ -99,10 +102,11 @@ class _Base:
         return s
 
     def _job_body(self, kind: str, model: str, data: str | os.PathLike[str], gpus: int | None,
-                  procs: int, priority: int, time_budget_s: float | None,
+                  procs: int, nodes: int, priority: int, time_budget_s: float | None,
                   params: dict[str, Any], tune: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": kind, "model": model, "data": self._data_ref(data),
-                                "params": params, "procs": procs, "priority": priority}
+                                "params": params, "procs": procs, "nodes": nodes,
+                                "priority": priority}
         if gpus is not None:
             body["gpus"] = gpus
         if time_budget_s is not None:
@@ -287,7 +291,7 @@ class Client(_Base):
 
     # -- jobs -------------------------------------------------------------------------
     def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
-               gpus: int | None = None, procs: int = 1, priority: int = 0,
+               gpus: int | None = None, procs: int = 1, nodes: int = 1, priority: int = 0,
                time_budget_s: float | None = None, idempotency_key: str | None = None,
                params: dict[str, Any] | None = None, tune: dict[str, Any] | None = None) -> Job:
         """Submit a ``train``, ``profile`` or ``tune`` job; see :meth:`train` and
@@ -297,7 +301,7 @@ class Client(_Base):
         it, so a retried submit never makes two jobs. When the service warns (no live worker
         serves the job's queue), each warning is issued as a :class:`SubmitWarning`.
         """
-        body = self._job_body(kind, model, data, gpus, procs, priority, time_budget_s,
+        body = self._job_body(kind, model, data, gpus, procs, nodes, priority, time_budget_s,
                               dict(params or {}), tune)
         key = idempotency_key or uuid.uuid4().hex
         info = JobInfo.model_validate(self._json("POST", "/v1/jobs", json=body,
@@ -307,8 +311,9 @@ class Client(_Base):
         return Job(self, info)
 
     def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int | None
-              = None, *, procs: int = 1, priority: int = 0, time_budget_s: float | None = None,
-              idempotency_key: str | None = None, **params: Any) -> Job:
+              = None, *, procs: int = 1, nodes: int = 1, priority: int = 0,
+              time_budget_s: float | None = None, idempotency_key: str | None = None,
+              **params: Any) -> Job:
         """Submit a training job.
 
         Args:
@@ -316,8 +321,11 @@ class Client(_Base):
             data: a dataset id (from :meth:`upload_dataset` / :meth:`register_dataset`) or a
                 dataset yaml path the service's workers can read (a local path that exists
                 is made absolute).
-            gpus: 0 (CPU), 1, 2, 4 or 8; None = the service's default.
-            procs: CPU ranks of a ``gpus=0`` job.
+            gpus: 0 (CPU), 1, 2, 4 or 8 (per node); None = the service's default.
+            procs: CPU ranks of a ``gpus=0`` job (per node).
+            nodes: hosts of one torchrun world: a multi-node job runs ``gpus`` (or
+                ``procs``) ranks on each of ``nodes`` workers and starts once that many
+                workers are free (at most the service's ``max_nodes``); 1 = one worker.
             priority: 0 (default) to 9 (first).
             time_budget_s: wall-clock limit in seconds; the job fails after it.
             idempotency_key: reuse one to make a submit safe to repeat yourself.
@@ -330,17 +338,21 @@ class Client(_Base):
             ValidationError: a bad key or value; ``.field`` names it (``params.imgsz``).
             AuthError, ServiceUnavailable: see the module docstring.
         """
-        return self.submit("train", model, data, gpus=gpus, procs=procs, priority=priority,
+        return self.submit("train", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                           priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
                            params=params)
 
     def profile(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "", gpus: int |
-                None = None, *, procs: int = 1, priority: int = 0,
+                None = None, *, procs: int = 1, nodes: int = 1, priority: int = 0,
                 time_budget_s: float | None = None, idempotency_key: str | None = None,
                 **params: Any) -> Job:
         """Submit a profile job (a short measured run; its result holds the ``verdict`` and
-        ``bound_why``, its artifacts ``timeline.html``). Arguments as :meth:`train`."""
-        return self.submit("profile", model, data, gpus=gpus, procs=procs, priority=priority,
+        ``bound_why``, its artifacts ``timeline.html``). Arguments as :meth:`train`; a
+        profile runs on one device of one host, so the service refuses ``nodes`` > 1
+        (:class:`ValidationError`, ``field`` ``nodes``)."""
+        return self.submit("profile", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                           priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
                            params=params)
 
@@ -348,7 +360,7 @@ class Client(_Base):
              None = None, *, repeat: int | None = None, warmup: int | None = None,
              steps: int | None = None, max_candidates: int | None = None,
              budget_s: float | None = None, min_gain: float | None = None, procs: int = 1,
-             priority: int = 0, time_budget_s: float | None = None,
+             nodes: int = 1, priority: int = 0, time_budget_s: float | None = None,
              idempotency_key: str | None = None, **params: Any) -> Job:
         """Submit a tune job: the configuration ``params`` is profiled ``repeat`` times, the
         levers its verdict names (on this device) are profiled the same way and compared
@@ -360,7 +372,8 @@ class Client(_Base):
             max_candidates: configurations tried besides the baseline.
             budget_s: the tune's time budget, seconds (it stops between trials).
             min_gain: the smallest gain recommended (0.05 = 5 %).
-            **params: the baseline's training keys; the rest as :meth:`train`.
+            **params: the baseline's training keys; the rest as :meth:`train` (a tune runs
+                on one host: the service refuses ``nodes`` > 1).
 
         Returns:
             The :class:`Job`; when it is done, :attr:`Job.tune` is the typed
@@ -369,7 +382,8 @@ class Client(_Base):
         options = {k: v for k, v in (("repeat", repeat), ("warmup", warmup), ("steps", steps),
                                      ("max_candidates", max_candidates), ("budget_s", budget_s),
                                      ("min_gain", min_gain)) if v is not None}
-        return self.submit("tune", model, data, gpus=gpus, procs=procs, priority=priority,
+        return self.submit("tune", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                           priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
                            params=params, tune=options)
 

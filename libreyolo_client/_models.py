@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "Preflight",
+__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
            "PreflightActual", "TuneReport", "TuneRow", "TERMINAL_STATUSES"]
 
 #: statuses a job never leaves.
@@ -16,6 +16,20 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class NodeWorker(_Model):
+    """One node of a multi-node job: its ``node_rank`` (0 hosts the rendezvous), the
+    ``worker`` that claimed it, that worker's ``host`` name and ``addr`` (the address the
+    other nodes reach it at), and once its engine exited the ``exit_code`` and ``stop``
+    (why its worker stopped it, e.g. ``worker shutdown``; None when it ended by itself)."""
+
+    node_rank: int
+    worker: str
+    host: str = ""
+    addr: str = ""
+    exit_code: int | None = None
+    stop: str | None = None
 
 
 class JobInfo(_Model):
@@ -30,6 +44,11 @@ class JobInfo(_Model):
     ``warnings`` (submit only) what may keep it from running. A queued job has its
     ``queue_position`` (1: next to start), ``effective_priority`` (priority plus aging)
     and ``estimated_start`` (None when the service cannot tell).
+
+    ``gpus`` and ``procs`` are per node: a multi-node job (``nodes`` > 1) runs
+    ``world_size`` = ``nodes`` x ``gpus`` (or ``procs``) ranks, and ``node_workers`` lists
+    its nodes of the latest attempt (while it waits for its workers, the nodes claimed so
+    far); ``node_workers`` is None for a one-node job.
     """
 
     id: str
@@ -39,6 +58,10 @@ class JobInfo(_Model):
     params: dict[str, Any] = {}
     gpus: int = 0
     procs: int = 1
+    nodes: int = 1
+    #: ranks of the job in all (0: not reported by the service)
+    world_size: int = 0
+    node_workers: list[NodeWorker] | None = None
     priority: int = 0
     queue: str = ""
     status: str

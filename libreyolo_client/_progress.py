@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from libreyolo_client._models import Event
 
-__all__ = ["EventPrinter", "format_bytes", "format_metrics"]
+__all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text"]
 
 
 def format_bytes(n: float) -> str:
@@ -51,6 +51,29 @@ def progress_text(d: dict) -> str:
     return f"{head}  step {d.get('step')}/{d.get('steps')}{eta_s}"
 
 
+def nodes_text(nodes: int, gpus: int, procs: int) -> str:
+    """A multi-node job's devices: ``'2 nodes x 1 GPU'``, ``'3 nodes x 2 CPU ranks'``
+    (``gpus``/``procs`` per node)."""
+    per_node = f"{gpus} GPU{'s' if gpus > 1 else ''}" if gpus else \
+        f"{procs} CPU rank{'s' if procs > 1 else ''}"
+    return f"{nodes} nodes x {per_node}"
+
+
+def status_text(d: dict[str, Any]) -> str:
+    """A ``status`` event in one line: ``running  attempt=1  worker=w1``; a multi-node
+    job's start also names its world and nodes: ``world_size=2
+    nodes=0:w-a@10.0.0.1,1:w-b@10.0.0.2  rendezvous=10.0.0.1:29500``."""
+    parts = [str(d.get("status"))]
+    for k, v in d.items():
+        if k in ("event", "status", "time"):
+            continue
+        if k == "nodes" and isinstance(v, list):
+            v = ",".join(f"{n.get('node_rank')}:{n.get('worker')}@{n.get('addr')}"
+                         for n in v if isinstance(n, dict))
+        parts.append(f"{k}={v}")
+    return "  ".join(parts)
+
+
 def format_metrics(metrics: dict | None, keys: tuple[str, ...] = ("mAP50", "mAP50-95")) -> str:
     """``{'mAP50': 0.5, ...}`` -> ``'mAP50 0.5000  mAP50-95 0.3000'`` (missing keys skipped)."""
     if not metrics:
@@ -64,8 +87,8 @@ def format_metrics(metrics: dict | None, keys: tuple[str, ...] = ("mAP50", "mAP5
 
 
 class EventPrinter:
-    """Turns job events into short lines: one per status change and epoch end, and (on a
-    terminal) a live ``epoch 2/5  step 7/16  eta 12s`` line rewritten in place.
+    """Turns job events into short lines: one per status change, epoch end and node slot
+    of a multi-node job taken or released, and (on a terminal) a live ``epoch 2/5  step 7/16  eta 12s`` line rewritten in place.
 
     Args:
         label: prefix of every line, e.g. the job id.
@@ -90,9 +113,7 @@ class EventPrinter:
         d, name = ev.data, ev.name
         if ev.kind == "status":
             if name == "status":
-                extra = {k: v for k, v in d.items() if k not in ("event", "status", "time")}
-                more = "  " + "  ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""
-                self._line(f"status: {d.get('status')}{more}")
+                self._line(f"status: {status_text(d)}")
             elif name == "run_end":
                 self._line(f"engine finished: {d.get('status')}")
         elif name == "epoch_end":
@@ -124,6 +145,9 @@ class EventPrinter:
                        + (", recommendable" if d.get("recommendable") else ""))
         elif name == "tune":
             self._line(f"tune: {d.get('answer')}")
+        elif name == "gang":  # the service: a node slot of a multi-node job taken or released
+            for ln in d.get("lines") or []:
+                self._line(f"nodes: {ln}")
         elif ev.kind == "log" and self.logs:
             for ln in d.get("lines") or []:
                 self._line(ln)

@@ -26,11 +26,13 @@ from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import (
     format_bytes,
     format_metrics,
+    nodes_text,
     progress_text,
     significance_word,
+    status_text,
 )
 
-__all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text"]
+__all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text", "node_lines"]
 
 jobs_app = typer.Typer(help="submit and follow jobs on a service (the SDK in a terminal)",
                        no_args_is_help=True, pretty_exceptions_enable=False)
@@ -138,6 +140,26 @@ def _summary(info: JobInfo) -> str:
     return ""
 
 
+def node_lines(info: JobInfo) -> list[str]:
+    """A multi-node job's nodes for ``jobs show``: the world, then one line per node
+    (``node 0  w-a on host-a (10.0.0.1)  exit 0``); none for a one-node job."""
+    if info.nodes <= 1:
+        return []
+    out = [f"nodes:    {nodes_text(info.nodes, info.gpus, info.procs)} "
+           f"(world size {info.world_size})"]
+    claimed = {n.node_rank: n for n in info.node_workers or []}
+    for rank in range(info.nodes):
+        n = claimed.get(rank)
+        if n is None:
+            out.append(f"  node {rank}  (no worker yet)")
+            continue
+        where = n.host + (f" ({n.addr})" if n.addr and n.addr != n.host else "")
+        end = f"  exit {n.exit_code}" if n.exit_code is not None else ""
+        end += f"  stopped: {n.stop}" if n.stop else ""
+        out.append(f"  node {rank}  {n.worker} on {where}{end}")
+    return out
+
+
 def queue_text(info: JobInfo) -> str:
     """``"#2 in queue cpu, starts ~14:05 UTC"`` for a queued job (empty when the service
     gave no position)."""
@@ -168,9 +190,10 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
             d, name = ev.data, ev.name
             if name == "status":
                 bar.update(task, description=f"{job.id} {d.get('status')}")
-                extra = {k: v for k, v in d.items() if k not in ("event", "status", "time")}
-                bar.console.print(f"status: {d.get('status')} "
-                                  + " ".join(f"{k}={v}" for k, v in extra.items()))
+                bar.console.print(f"status: {status_text(d)}", markup=False, highlight=False)
+            elif name == "gang":  # a node slot of a multi-node job taken or released
+                for ln in d.get("lines") or []:
+                    bar.console.print(f"nodes: {ln}", markup=False, highlight=False)
             elif name in ("progress", "epoch_start") and d.get("epochs"):
                 if d.get("phase") == "validating":  # the bar stays at the epoch's end
                     bar.update(task, detail=progress_text(d).replace("  ", " "))
@@ -267,6 +290,9 @@ def submit(
     kind: Annotated[str, typer.Option(help="train, profile or tune")] = "train",
     gpus: Annotated[int | None, typer.Option(help="0 (CPU), 1, 2, 4 or 8")] = None,
     procs: Annotated[int, typer.Option(help="CPU ranks of a --gpus 0 job (DDP over Gloo)")] = 1,
+    nodes: Annotated[int, typer.Option(
+        help="hosts of one torchrun world: --gpus (or --procs) ranks on each of this many "
+             "workers; the job starts once they are all free")] = 1,
     priority: Annotated[int, typer.Option(help="0..9")] = 0,
     time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f",
@@ -292,7 +318,7 @@ def submit(
         raise typer.Exit(2)
     with _client() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
-        job = c.submit(kind, model, data, gpus=gpus, procs=procs, priority=priority,
+        job = c.submit(kind, model, data, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
                        time_budget_s=time_budget_s, params=parse_params(params or []),
                        tune=options if kind == "tune" else None)
         typer.echo(job.id)
@@ -324,8 +350,9 @@ def list_jobs(
         for j, model in zip(jobs, models, strict=True):
             i = j.info
             created = i.created_at.strftime("%Y-%m-%d %H:%M:%S") if i.created_at else ""
+            nodes = f"[{nodes_text(i.nodes, i.gpus, i.procs)}] " if i.nodes > 1 else ""
             typer.echo(f"{i.id:<26} {i.kind:<8} {model:<{w}} {i.status:<11} {created:<20} "
-                       f"{_summary(i)}")
+                       f"{nodes}{_summary(i)}")
 
 
 @jobs_app.command("show")
@@ -348,6 +375,8 @@ def show(
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
                    + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
                    + (f": {i.waiting}" if i.waiting else ""))
+        for line in node_lines(i):
+            typer.echo(line)
         if i.status == "queued" and queue_text(i):
             typer.echo(f"queue:    {queue_text(i)} (priority {i.priority}, effective "
                        f"{i.effective_priority})")

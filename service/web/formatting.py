@@ -14,7 +14,7 @@ from service.scheduler import Outlook
 
 __all__ = ["PROFILE_FIGURES", "aware", "fmt_duration", "fmt_age", "fmt_bytes", "fmt_metric",
            "fmt_seconds", "iso", "clock", "fmt_queue", "tune_progress_text", "lever_text",
-           "confidence_text", "fmt_gain"]
+           "confidence_text", "fmt_gain", "fmt_devices", "node_state_text"]
 
 #: Profile figures shown on the verdict card: field of
 #: :class:`~libreyolo_core.records.events.ProfileEvent`, label, formatter.
@@ -163,3 +163,24 @@ def confidence_text(conf: Confidence | None) -> tuple[bool, str] | None:
 
 def fmt_gain(v: Any) -> str:
     return "—" if not isinstance(v, int | float) else f"{100 * v:+.0f}%"
+
+
+def fmt_devices(nodes: int, gpus: int, procs: int) -> str:
+    """A job's devices: ``'1 GPU'``, ``'CPU, 2 ranks'``; a multi-node job's per node:
+    ``'2 nodes × 1 GPU'``, ``'3 nodes × 2 CPU ranks'``."""
+    if nodes > 1:
+        per_node = f"{gpus} GPU{'s' if gpus > 1 else ''}" if gpus else \
+            f"{procs} CPU rank{'s' if procs > 1 else ''}"
+        return f"{nodes} nodes × {per_node}"
+    if gpus:
+        return f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    return "CPU" + (f", {procs} ranks" if procs > 1 else "")
+
+
+def node_state_text(exit_code: int | None, stop: str | None, live: str) -> str:
+    """A node's end as the job page says it: ``'0'``, ``'143 (worker shutdown)'``, the
+    ``stop`` alone when no exit code was recorded, else ``live`` (what the node does now:
+    ``'running'``, ``'claimed'``...)."""
+    if exit_code is not None:
+        return f"{exit_code} ({stop})" if stop else str(exit_code)
+    return stop or live

@@ -1,6 +1,6 @@
 """View models of the browser pages: what a template shows of a job (its row in the jobs
-table, its progress, the summary panel with result, verdict, tune and preflight cards),
-read from the database through the job store (:mod:`service.job_store`)."""
+table, its progress, the summary panel with result, verdict, tune, preflight and node
+cards), read from the database through the job store (:mod:`service.job_store`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from service.api.deps import SessionDep
 from service.api.jobs import queue_outlooks
 from service.api.model_refs import describe_model_ref
 from service.db.models import Artifact, Dataset, Job, User
-from service.lifecycle import TERMINAL, JobStatus
+from service.gang import nodes_of, world_size
+from service.lifecycle import ACTIVE, TERMINAL, JobStatus
 from service.scheduler import Outlook
 from service.settings import Settings
 from service.storage import artifact_kind
@@ -34,6 +35,7 @@ from service.web.formatting import (
     clock,
     confidence_text,
     fmt_age,
+    fmt_devices,
     fmt_duration,
     fmt_gain,
     fmt_metric,
@@ -41,11 +43,13 @@ from service.web.formatting import (
     fmt_seconds,
     iso,
     lever_text,
+    node_state_text,
     tune_progress_text,
 )
 from service.workers import live_queues, waiting_reason
 
-__all__ = ["PAGE_SIZE", "job_progress", "job_row", "rows_context", "prefill", "summary_context"]
+__all__ = ["PAGE_SIZE", "job_progress", "job_row", "nodes_view", "rows_context", "prefill",
+           "summary_context"]
 
 METRIC_NAMES = ("mAP50", "mAP50-95", "precision", "recall")
 PAGE_SIZE = 50
@@ -122,6 +126,7 @@ def job_row(job: Job, names: dict[str, str], now: datetime,
             "pct": round(pct), "progress": text, "attempt": job.attempt,
             "max_attempts": job.max_attempts, "created": iso(job.created_at),
             "age": fmt_age(job.created_at, now), "duration": duration,
+            "nodes_text": fmt_devices(job.nodes, job.gpus, job.procs) if job.nodes > 1 else None,
             "queue_text": fmt_queue(where, now),
             "estimated_start": iso(where.estimated_start) if where is not None else "",
             "estimated_start_text": clock(where.estimated_start) if where is not None else ""}
@@ -188,6 +193,46 @@ def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
             "also": tune.get("also") or [], "notes": tune.get("notes") or [],
             "device": tune.get("device"), "train_url": f"/jobs?train_from={job.id}#new-job-title",
             "can_train": job.status in TERMINAL and bool((tune.get("baseline") or {}).get("img_per_s"))}
+
+
+def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
+    """The nodes card of a multi-node job (``None`` for a one-node job): ``world_size``
+    (ranks in all), ``attempt`` (the attempt its rows serve), ``gathering`` (the job waits
+    for its gang: the rows are the slots claimed so far), ``claimed`` (slots held),
+    ``requeued`` (the attempt a re-queued job waits for while its rows are still the
+    attempt before, else None) and one row per node rank: ``worker``, ``host``, ``addr``,
+    ``state`` (the exit code and why its worker stopped it, or what it does now; an
+    unclaimed rank: ``'waiting for a worker'``).
+
+    A queued job shows the slots of its next attempt; while none is claimed, a re-queued
+    job still shows those of the attempt before (as ``node_workers`` of the API does).
+    """
+    if job.nodes <= 1:
+        return None
+    gathering = job.status == JobStatus.QUEUED
+    attempt = job.attempt + 1 if gathering else job.attempt
+    slots = nodes_of(session, job.id, attempt)
+    requeued = None
+    if not slots and gathering and job.attempt:
+        gathering, requeued, attempt = False, attempt, job.attempt
+        slots = nodes_of(session, job.id, attempt)
+    if gathering:
+        live = "claimed"
+    else:
+        live = "running" if job.status in ACTIVE and attempt == job.attempt else "—"
+    by_rank = {n.node_rank: n for n in slots}
+    rows = []
+    for rank in range(job.nodes):
+        n = by_rank.get(rank)
+        if n is None:
+            rows.append({"rank": rank, "worker": "—", "host": "—", "addr": "",
+                         "state": "waiting for a worker" if gathering else "—"})
+            continue
+        rows.append({"rank": rank, "worker": n.worker, "host": n.host,
+                     "addr": n.addr if n.addr != n.host else "",
+                     "state": node_state_text(n.exit_code, n.stop, live)})
+    return {"world_size": world_size(job.nodes, job.gpus, job.procs), "attempt": attempt,
+            "gathering": gathering, "claimed": len(slots), "requeued": requeued, "rows": rows}
 
 
 def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -271,6 +316,7 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
-            "tune": tune, "preflight": preflight,
+            "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
+            "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
             "started_from": describe_model_ref(session, request.app.state.settings, job.model)}

@@ -449,3 +449,58 @@ def test_tune_job_table_and_train_with_these_settings(web, stack, shot, sample_y
     assert submitted["kind"] == "train"
     assert {k: submitted["params"][k] for k in tune["recommended_params"]} == \
         tune["recommended_params"]
+
+
+def test_multi_node_job_shows_its_nodes_and_world_size(web, stack, shot):
+    """A 2-node CPU job put in the database and gathered by the real gang code: the jobs
+    table says "2 nodes × 1 CPU rank"; the job page shows the world size and each node's
+    worker, the gang's log line, and follows the start live (the log names the nodes)."""
+    from sqlalchemy import select
+    from testkit import queued_job, take_node
+
+    from service.db.models import User
+
+    name, token = stack.user()
+    with stack.sessions() as s:
+        owner = s.scalar(select(User.id).where(User.name == name))
+    job_id = queued_job(stack.sessions, owner, nodes=2)
+    single = queued_job(stack.sessions, owner)
+    take_node(stack.sessions, job_id, "w-a", "10.0.0.1")
+    try:
+        page = web.page(token)
+        page.goto("/jobs")
+        expect(page.locator(f'tr[data-job-id="{job_id}"] .nodes-text')).to_have_text(
+            "2 nodes × 1 CPU rank")
+        expect(page.locator(f'tr[data-job-id="{single}"] .nodes-text')).to_have_count(0)
+        shot(page, "jobs-multi-node")
+
+        page.goto(f"/jobs/{job_id}")
+        expect(page.locator("#world-size")).to_have_text("2 ranks")
+        expect(page.locator("#nodes-note")).to_contain_text("1 of 2 nodes claimed")
+        table = page.locator("#nodes-table")
+        expect(table.locator('tr[data-node-rank="0"]')).to_contain_text("w-a")
+        expect(table.locator('tr[data-node-rank="0"]')).to_contain_text("host-w-a (10.0.0.1)")
+        expect(table.locator('tr[data-node-rank="1"]')).to_contain_text("waiting for a worker")
+        expect(page.locator("#log")).to_contain_text("node 0 of 2 claimed by w-a")
+        shot(page, "job-multi-node-gathering")
+
+        take_node(stack.sessions, job_id, "w-b", "10.0.0.2")  # the last slot: it starts
+        expect(page.locator("#status-badge")).to_have_text("running")
+        expect(page.locator("#live-progress-text")).to_have_text("starting")
+        expect(page.locator("#log")).to_contain_text(
+            "job running on 2 nodes (world size 2): node 0 w-a (10.0.0.1), "
+            "node 1 w-b (10.0.0.2); rendezvous 10.0.0.1:29500")
+        expect(page.locator("#nodes-note")).to_have_text("2 nodes, world size 2, attempt 1.")
+        expect(table.locator('tr[data-node-rank="1"]')).to_contain_text("w-b")
+        expect(table.locator('tr[data-node-rank="1"]')).to_contain_text("running")
+        _no_inline_script(page)
+        shot(page, "job-multi-node-running")
+
+        page.goto(f"/jobs/{single}")
+        expect(page.locator("#devices")).to_have_text("CPU · queue cpu")
+        expect(page.locator("#nodes-table")).to_have_count(0)
+        expect(page.locator("#world-size")).to_have_count(0)
+    finally:
+        with client(stack.url, token) as c:
+            for j in (job_id, single):
+                c.post(f"/v1/jobs/{j}/cancel")

@@ -150,3 +150,39 @@ def test_submit_a_tune_job_and_show_its_table(cli, stack, data_yaml):
     assert "workers 0 -> 2" in out and "61.0 ± 1.5 (2)" in out and "+80% *" in out
     assert "answer:   recommended: workers=2" in out
     assert "train with: imgsz=64 workers=2" in out and "2.1 s expected (baseline 3.8 s)" in out
+
+
+def test_submit_nodes_then_show_and_list_each_node(cli, stack, data_yaml):
+    """``--nodes 2`` submits a 2-node job; ``show`` prints its world and each node's worker
+    (claimed by the real gang code), with the exit code and stop once a node ended; ``list``
+    marks it; a 1-node job's display has no node lines."""
+    from testkit import take_node
+
+    from service.gang import record_node_exit
+
+    r = cli("submit", "-d", data_yaml, "--gpus", "0", "--nodes", "2", "epochs=1")
+    assert r.exit_code == 0, r.output
+    job_id = r.stdout.split()[0]
+    assert json.loads(cli("show", job_id, "--json").stdout)["nodes"] == 2
+    take_node(stack.sessions, job_id, "w-a", "10.0.0.1")
+    out = cli("show", job_id).stdout
+    assert "nodes:    2 nodes x 1 CPU rank (world size 2)\n" \
+        "  node 0  w-a on host-w-a (10.0.0.1)\n  node 1  (no worker yet)\n" in out
+    listed = next(ln for ln in cli("list").stdout.splitlines() if ln.startswith(job_id))
+    assert "[2 nodes x 1 CPU rank]" in listed
+    take_node(stack.sessions, job_id, "w-b", "10.0.0.2")
+    with stack.sessions() as s:
+        record_node_exit(s, job_id=job_id, attempt=1, node_rank=1, worker_id="w-b",
+                         exit_code=143, stop="worker shutdown", detail="")
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "status:   running (attempt 1/3)" in out
+    assert "  node 0  w-a on host-w-a (10.0.0.1)\n" \
+        "  node 1  w-b on host-w-b (10.0.0.2)  exit 143  stopped: worker shutdown\n" in out
+    cli("cancel", job_id)
+
+    single = cli("submit", "-d", data_yaml, "--gpus", "0", "epochs=1").stdout.split()[0]
+    assert "nodes:" not in cli("show", single).stdout
+    listed = next(ln for ln in cli("list").stdout.splitlines() if ln.startswith(single))
+    assert "nodes" not in listed
+    cli("cancel", single)

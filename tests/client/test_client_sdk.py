@@ -487,3 +487,67 @@ def test_credentials_keep_one_token_per_url(tmp_path, monkeypatch):
         assert c.token == "lyt_second"
     with Client("http://127.0.0.1:8002") as c:
         assert c.token is None
+
+
+def test_multi_node_job_nodes_world_size_and_node_workers(client, stack, data_yaml):
+    """``nodes`` goes with the submit; the job says its world size and, as its workers claim
+    their node slots (the real gang code), each node's worker; the event printer names the
+    gang's progress and the nodes of the start."""
+    import io
+
+    from testkit import take_node
+
+    from libreyolo_client import NodeWorker
+    from libreyolo_client._progress import EventPrinter
+
+    job = client.train(data=data_yaml, gpus=0, nodes=2, **TINY)
+    assert (job.info.nodes, job.info.world_size, job.info.node_workers) == (2, 2, [])
+    take_node(stack.sessions, job.id, "w-a", "10.0.0.1")
+    assert job.refresh().node_workers == [NodeWorker(node_rank=0, worker="w-a", host="host-w-a",
+                                                     addr="10.0.0.1")]
+    assert take_node(stack.sessions, job.id, "w-b", "10.0.0.2").started
+    info = job.refresh()
+    assert info.status == "running" and info.world_size == 2
+    assert [(n.node_rank, n.worker, n.addr, n.exit_code) for n in info.node_workers or []] == [
+        (0, "w-a", "10.0.0.1", None), (1, "w-b", "10.0.0.2", None)]
+    out = io.StringIO()
+    printer = EventPrinter(job.id, stream=out)
+    for ev in job.events(follow=False):
+        printer(ev)
+    lines = out.getvalue().splitlines()
+    assert f"[{job.id}] nodes: node 0 of 2 claimed by w-a; 1 of 2 nodes gathered" in lines
+    assert f"[{job.id}] status: running  attempt=1  worker=w-a  world_size=2  " \
+        "nodes=0:w-a@10.0.0.1,1:w-b@10.0.0.2  rendezvous=10.0.0.1:29500" in lines
+    job.cancel()
+
+    one = client.train(data=data_yaml, gpus=0, **TINY)
+    assert (one.info.nodes, one.info.world_size, one.info.node_workers) == (1, 1, None)
+    one.cancel()
+
+
+@pytest.mark.parametrize("kind, nodes", [("train", 0), ("train", 17), ("profile", 2)])
+def test_a_bad_node_count_is_a_validation_error_of_nodes(client, data_yaml, kind, nodes):
+    before = len(client.jobs(limit=None))
+    with pytest.raises(ValidationError) as err:
+        client.submit(kind, "yolo9-t", data_yaml, gpus=0, nodes=nodes, params=dict(TINY))
+    assert err.value.field == "nodes", err.value
+    assert len(client.jobs(limit=None)) == before
+
+
+def test_async_client_sends_nodes(stack, token, data_yaml):
+    import asyncio
+
+    from libreyolo_client import AsyncClient
+
+    async def main():
+        async with AsyncClient(stack.url, token, backoff_s=0.05) as c:
+            params = {**TINY, "batch": 6}  # the global batch: divisible by 3 nodes x 2 ranks
+            job = await c.train(data=data_yaml, gpus=0, nodes=3, procs=2, **params)
+            assert (job.info.nodes, job.info.procs, job.info.world_size) == (3, 2, 6)
+            assert job.info.params == params  # nodes and procs are options, not training keys
+            await job.cancel()
+            with pytest.raises(ValidationError) as err:
+                await c.profile(data=data_yaml, gpus=0, nodes=2, imgsz=64, batch=4)
+            assert err.value.field == "nodes"
+
+    asyncio.run(main())

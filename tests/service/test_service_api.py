@@ -5,15 +5,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-from testkit import REPO, ServerThread, client, make_user
+from sqlalchemy import select
+from testkit import REPO, ServerThread, client, make_user, queued_job, take_node
 
-from service.db.models import Artifact, Job, utcnow
+from service import job_store
+from service.db.models import Artifact, Job, User, utcnow
 from service.lifecycle import CLAIM, FINISH, JobStatus
 from service.ops import append_events, transition
 
@@ -382,3 +385,90 @@ def test_openapi_documents_endpoints(server):
     spec = httpx.get(server.url + "/openapi.json").json()
     op = spec["paths"]["/v1/jobs"]["post"]
     assert op["operationId"] == "jobs-submit" and "Idempotency-Key" in op["description"]
+
+
+def _row_of(rows_html: str, job_id: str) -> str:
+    """The ``<tr>`` of ``job_id`` in the jobs table's rows fragment."""
+    match = re.search(rf'<tr data-job-id="{job_id}".*?</tr>', rows_html, re.S)
+    assert match, f"no row of {job_id}"
+    return match.group(0)
+
+
+def _node_row(summary_html: str, rank: int) -> str:
+    match = re.search(rf'<tr data-node-rank="{rank}">.*?</tr>', summary_html, re.S)
+    assert match, f"no row of node {rank}"
+    return re.sub(r"\s+", " ", match.group(0))
+
+
+def test_a_multi_node_job_on_the_pages_and_in_the_api(server, sessions):
+    """A 2-node CPU job put in the database, its slots claimed by the real gang code: the
+    jobs table says "2 nodes × 1 CPU rank", the summary its world size and each node's
+    worker while it gathers, runs, is re-queued after a node was lost (the nodes of the
+    attempt it ran), gathers again and ends; a 1-node job looks as before."""
+    from service.gang import record_node_exit
+
+    name, token = make_user(sessions)
+    with sessions() as s:
+        owner = s.scalar(select(User.id).where(User.name == name))
+    multi = queued_job(sessions, owner, nodes=2)
+    single = queued_job(sessions, owner)
+    take_node(sessions, multi, "w-a", "10.0.0.1")
+    with client(server.url, token) as c:
+        rows = c.get("/web/jobs/rows").text
+        assert '<span class="small nodes-text">2 nodes × 1 CPU rank</span>' in _row_of(rows, multi)
+        assert "nodes-text" not in _row_of(rows, single)
+        summary = c.get(f"/web/jobs/{multi}/summary").text
+        assert "1 of 2 nodes claimed" in summary
+        assert 'id="devices">2 nodes × 1 CPU rank · queue cpu</dd>' in summary
+        assert 'id="world-size">2 ranks</dd>' in summary
+        assert "w-a" in _node_row(summary, 0) and "host-w-a (10.0.0.1)" in _node_row(summary, 0)
+        assert "claimed" in _node_row(summary, 0)
+        assert "waiting for a worker" in _node_row(summary, 1)
+        gathering = c.get(f"/v1/jobs/{multi}").json()
+        assert (gathering["nodes"], gathering["world_size"]) == (2, 2)
+        assert [n["worker"] for n in gathering["node_workers"]] == ["w-a"]
+
+        assert take_node(sessions, multi, "w-b", "10.0.0.2").started
+        summary = c.get(f"/web/jobs/{multi}/summary").text
+        assert "2 nodes, world size 2, attempt 1." in summary
+        assert [_node_row(summary, r).count("running") for r in (0, 1)] == [1, 1]
+        events = c.get(f"/v1/jobs/{multi}/events").json()["data"]
+        gang = [e["data"]["lines"] for e in events if e["data"].get("event") == "gang"]
+        assert gang == [["node 0 of 2 claimed by w-a; 1 of 2 nodes gathered"]]
+        running = next(e["data"] for e in events if e["data"].get("status") == "running")
+        assert running["world_size"] == 2 and running["rendezvous"] == "10.0.0.1:29500"
+        assert [(n["node_rank"], n["worker"], n["addr"]) for n in running["nodes"]] == [
+            (0, "w-a", "10.0.0.1"), (1, "w-b", "10.0.0.2")]
+
+        # node 1's worker shut down: node 0 re-queues the whole attempt
+        with sessions() as s:
+            record_node_exit(s, job_id=multi, attempt=1, node_rank=1, worker_id="w-b",
+                             exit_code=143, stop="worker shutdown", detail="")
+            record_node_exit(s, job_id=multi, attempt=1, node_rank=0, worker_id="w-a",
+                             exit_code=143, stop=None, detail="")
+            assert job_store.node_lost(session=s, job_id=multi, worker_id="w-a",
+                                       reason="node 1 was stopped", progress=None,
+                                       store=server.app.state.store) == JobStatus.QUEUED
+            s.commit()
+        summary = c.get(f"/web/jobs/{multi}/summary").text
+        assert "Re-queued: waiting for 2 workers for attempt 2. Attempt 1 ran on these " \
+            "nodes:" in summary
+        assert "<td>143</td>" in _node_row(summary, 0)
+        assert "<td>143 (worker shutdown)</td>" in _node_row(summary, 1)
+        requeued = c.get(f"/v1/jobs/{multi}").json()["node_workers"]
+        assert [(n["exit_code"], n["stop"]) for n in requeued] == [(143, None),
+                                                                   (143, "worker shutdown")]
+        take_node(sessions, multi, "w-c", "10.0.0.3", attempt=2)
+        summary = c.get(f"/web/jobs/{multi}/summary").text
+        assert "1 of 2 nodes claimed for attempt 2" in summary
+        assert "w-c" in _node_row(summary, 0) and "waiting for a worker" in _node_row(summary, 1)
+        assert c.post(f"/v1/jobs/{multi}/cancel").json()["status"] == "cancelled"
+        summary = c.get(f"/web/jobs/{multi}/summary").text  # the nodes of its last run
+        assert "2 nodes, world size 2, attempt 1." in summary
+        assert "<td>143 (worker shutdown)</td>" in _node_row(summary, 1)
+
+        one = c.get(f"/web/jobs/{single}/summary").text
+        assert 'id="devices">CPU · queue cpu</dd>' in one
+        assert "nodes-card" not in one and "world-size" not in one
+        assert c.get(f"/v1/jobs/{single}").json()["node_workers"] is None
+        c.post(f"/v1/jobs/{single}/cancel")

@@ -121,6 +121,22 @@ def queued_job(sessions: Any, owner_id: str, **fields: Any) -> str:
         return job.id
 
 
+def take_node(sessions: Any, job_id: str, worker: str, addr: str, *, nodes: int = 2,
+              attempt: int = 1) -> Any:
+    """Claim the lowest free node slot of queued multi-node job ``job_id`` for ``attempt``
+    as worker ``worker`` at ``addr`` (host ``host-<worker>``, port 29500), as a woken
+    worker does (:func:`service.gang.take_slot`: the claim that takes the last slot starts
+    the job). Returns the :class:`~service.gang.Claim`."""
+    from service.gang import NodeAddress, take_slot
+
+    with sessions() as s:
+        claim = take_slot(s, job_id=job_id, attempt=attempt, nodes=nodes, worker_id=worker,
+                          where=NodeAddress(f"host-{worker}", addr, 29500), lease_s=600, cap=0)
+        assert claim is not None, f"no free node slot of {job_id} for {worker}"
+        s.commit()
+        return claim
+
+
 def client(url: str, token: str | None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url, headers=headers, timeout=30)

@@ -77,6 +77,7 @@
     const d = e.data || {};
     if (e.kind === 'log') {
       addLines(Array.isArray(d.lines) ? d.lines : []);
+      if (d.event === 'gang') scheduleSummary(500);  // a node slot taken or released
     } else if (e.kind === 'metric') {
       if (d.event === 'progress' || d.event === 'epoch_start') showProgress(d);
       if (d.event === 'tune_candidate' || d.event === 'tune' || d.event === 'preflight') scheduleSummary(500);
@@ -94,7 +95,7 @@
           ' ──';
       } else if (d.event === 'status' && d.status) {
         flushRunEnded();
-        addLines(['── job ' + d.status + (d.reason ? ': ' + d.reason : '') + ' ──']);
+        addLines(['── job ' + d.status + (d.reason ? ': ' + d.reason : '') + nodesText(d) + ' ──']);
         setStatus(d.status);
         scheduleSummary(0);
       }
@@ -103,7 +104,18 @@
     }
   }
 
+  // a multi-node job's start: ' on 2 nodes (world size 2): node 0 w-a (10.0.0.1), ...'
+  function nodesText(d) {
+    if (!Array.isArray(d.nodes) || d.nodes.length < 2) return '';
+    return ' on ' + d.nodes.length + ' nodes (world size ' + d.world_size + '): ' +
+      d.nodes.map(function (n) {
+        return 'node ' + n.node_rank + ' ' + n.worker + ' (' + n.addr + ')';
+      }).join(', ') + (d.rendezvous ? '; rendezvous ' + d.rendezvous : '');
+  }
+
   function setStatus(status) {
+    // the queue's line (or a gang's wait) is over; the engine's progress replaces this
+    if (status === 'running' && root.dataset.status === 'queued') progressText.textContent = 'starting';
     root.dataset.status = status;
     badge.textContent = status;
     badge.className = 'badge badge-' + status;
