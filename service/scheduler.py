@@ -309,8 +309,9 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
         # without an address a worker may not take a node slot: multi-node jobs are no
         # candidates (skipping them in the loop below would re-read the queue every round)
+        # (nor is a gang whose every slot is held: it waits for its owner's cap)
         order = [w for w in claim_order(snap, settings.aging_minutes)
-                 if w.nodes == 1 or where is not None]
+                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes)]
         session.rollback()  # end the read; each try is its own transaction
         if not order:
             return None
