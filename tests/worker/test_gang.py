@@ -109,8 +109,8 @@ def events(sessions, job_id: str) -> list[JobEvent]:
 
 
 def gang_lines(sessions, job_id: str) -> list[str]:
-    return [e.payload["line"] for e in events(sessions, job_id)
-            if e.kind == "log" and e.payload.get("event") == "gang"]
+    return [ln for e in events(sessions, job_id)
+            if e.kind == "log" and e.payload.get("event") == "gang" for ln in e.payload["lines"]]
 
 
 def status_events(sessions, job_id: str, status: str) -> list[dict[str, Any]]:
@@ -338,7 +338,8 @@ def test_lost_nodes_a_failed_engine_or_an_expired_node_lease(settings, sessions,
                   .values(exit_code=1))
         s.commit()
         assert [(n.node_rank, why) for n, why in lost_nodes(s, job_id=job, attempt=1)] == \
-            [(1, "its engine failed, exit code 1"), (2, "its node lease expired (worker lost)")]
+            [(1, "its engine failed, exit code 1; its log ends: done"),
+             (2, "its node lease expired (worker lost)")]
         store = ArtifactStore(settings.artifact_root)
         assert node_lost(session=s, job_id=job, worker_id="w1", reason="x", progress=None,
                          store=store) is None  # only node 0's worker holds the job
@@ -493,7 +494,8 @@ def test_a_failed_node_requeues_the_whole_attempt_then_fails_the_job(node_settin
     one = slots(sessions, job, 1)[1]
     assert (one.exit_code, one.stop) == (3, None) and "fatal: node 1 broke" in one.detail
     assert queued_reasons(sessions, job)[-1].startswith(
-        "node 1 (worker w1) lost: its engine failed, exit code 3; re-queued for attempt 2 "
+        "node 1 (worker w1) lost: its engine failed, exit code 3; its log ends: fatal: node 1 "
+        "broke; re-queued for attempt 2 "
         "of 2 on every node")
     # one wake-up per node to gather again, and one for the queue's gathering job as node
     # 0's run ends (the same job)
@@ -507,8 +509,8 @@ def test_a_failed_node_requeues_the_whole_attempt_then_fails_the_job(node_settin
     assert n0.join() == "failed"
     j = row(sessions, job)
     assert (j.status, j.attempt) == ("failed", 2)
-    assert j.error["reason"] == \
-        "node 1 (worker w1) lost: its engine failed, exit code 3 on attempt 2 of 2"
+    assert j.error["reason"] == ("node 1 (worker w1) lost: its engine failed, exit code 3; its "
+                                 "log ends: fatal: node 1 broke on attempt 2 of 2")
     for name in ("job.json", "job.node1.json"):  # every node resumes alike
         spec = json.loads((store.job_dir(job) / name).read_text())
         assert spec["resume"] == (str(store.run_dir(job) / "weights" / "last.pt") if resumes
