@@ -24,6 +24,7 @@ from service.reaper import reaper_loop
 from service.settings import Settings
 from service.storage import ArtifactStore
 from service.streams import EventNotifier
+from service.users import TokenCache
 from service.web import install as install_web
 
 __all__ = ["create_app"]
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = ArtifactStore(settings.artifact_root)
     app.state.notifier = EventNotifier(app.state.sessions, settings.sse_poll_s)
     app.state.outlooks = OutlookCache()
+    app.state.tokens = TokenCache()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(app.state.sessions, settings.worker_ttl_s))
     app.state.registry = registry

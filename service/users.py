@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Select, select
@@ -15,7 +19,11 @@ from sqlalchemy.orm import Session
 from service.db.models import Token, User
 
 __all__ = ["hash_token", "create_user_token", "user_for_token", "set_user_cap", "owns",
-           "visible_to"]
+           "visible_to", "TokenCache", "TOKEN_CACHE_S"]
+
+#: how long an API process trusts a token it has looked up (seconds): a revoked token (or
+#: a changed ``is_admin``/``max_running``) takes effect within this on every process
+TOKEN_CACHE_S = 5.0
 
 
 def owns(user: User, owner_id: str) -> bool:
@@ -62,6 +70,67 @@ def user_for_token(session: Session, token: str) -> User | None:
         .where(Token.token_sha256 == hash_token(token), Token.revoked.is_(False))
     ).scalar_one_or_none()
     return row
+
+
+class TokenCache:
+    """The users of recently seen tokens, so a request needs no token statement.
+
+    One per API process (``app.state.tokens``). Only tokens that were found are kept (an
+    unknown token is looked up every time, so a token created a moment ago works at once
+    and random tokens cannot fill the memory), keyed by their sha256, each for at most
+    ``ttl_s`` seconds from its lookup: a token revoked in the database (or its user's row
+    changed) is refused by every process at most ``ttl_s`` seconds later. The users are
+    detached rows (every column loaded), shared between requests: read them, never add
+    them to a session.
+
+    Args:
+        ttl_s: seconds an entry is trusted (0: no caching).
+        max_entries: beyond this, the oldest entry is dropped.
+        clock: monotonic seconds (tests pass a fake one).
+
+    Attributes:
+        lookups: how many times the database was asked (tests read it).
+    """
+
+    def __init__(self, ttl_s: float = TOKEN_CACHE_S, max_entries: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
+        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
+        self._lock = threading.Lock()
+        self._users: OrderedDict[str, tuple[float, User]] = OrderedDict()
+        self.lookups = 0
+
+    def get(self, token: str) -> User | None:
+        """The cached user of ``token``, or None when not cached or older than ``ttl_s``."""
+        key = hash_token(token)
+        with self._lock:
+            hit = self._users.get(key)
+            if hit is None:
+                return None
+            if self._clock() - hit[0] >= self.ttl_s:
+                del self._users[key]
+                return None
+            return hit[1]
+
+    def lookup(self, session: Session, token: str) -> User | None:
+        """:meth:`get`, else :func:`user_for_token` (one statement), caching a found user.
+
+        The user row is expunged from ``session`` (it stays readable, detached)."""
+        user = self.get(token)
+        if user is not None:
+            return user
+        at = self._clock()
+        user = user_for_token(session, token)
+        with self._lock:
+            self.lookups += 1
+        if user is None or self.ttl_s <= 0:
+            return user
+        session.expunge(user)
+        with self._lock:
+            self._users[hash_token(token)] = (at, user)
+            self._users.move_to_end(hash_token(token))
+            while len(self._users) > self.max_entries:
+                self._users.popitem(last=False)
+        return user
 
 
 def set_user_cap(session: Session, name: str, max_running: int | None) -> User:

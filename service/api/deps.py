@@ -7,6 +7,7 @@ from typing import Annotated, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -16,10 +17,10 @@ from service.db.models import Job, User
 from service.job_store import get_owned
 from service.settings import Settings
 from service.storage import ArtifactStore
-from service.users import user_for_token
 
 __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "TOKEN_COOKIE",
-           "check_same_origin", "current_user", "owned_job", "OWNED_JOB_ERRORS"]
+           "authenticated_user", "check_same_origin", "current_user", "owned_job",
+           "owned_or_404", "OWNED_JOB_ERRORS"]
 
 LOCAL_ADMIN = "local"
 _Row = TypeVar("_Row")
@@ -82,18 +83,13 @@ def check_same_origin(request: Request, settings: Settings) -> None:
         raise Problem(403, f"cross-origin request from {parts.scheme}://{parts.netloc} refused")
 
 
-def current_user(request: Request, session: SessionDep, settings: SettingsDep,
-                 _scheme: Annotated[HTTPAuthorizationCredentials | None,
-                                    Depends(bearer_scheme)] = None) -> User:
-    """The user of the bearer token, or of the sign-in cookie of the web pages.
-
-    The ``Authorization`` header wins when both are sent. A cookie-authenticated unsafe
-    request must pass :func:`check_same_origin` (CSRF).
+def _request_token(request: Request, settings: Settings) -> tuple[str, str] | None:
+    """``(token, message if unknown)`` of the request's ``Authorization`` header or sign-in
+    cookie; None when it sends neither.
 
     Raises:
-        Problem 401: no ``Authorization: Bearer <token>`` header nor sign-in cookie, or an
-            unknown token.
-        Problem 403: a cookie-authenticated POST from another origin.
+        Problem 401: an ``Authorization`` header that is not ``Bearer <token>``.
+        Problem 403: a cookie-authenticated unsafe request from another origin.
     """
     authorization = request.headers.get("authorization")
     if authorization:
@@ -101,17 +97,35 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
         if scheme.lower() != "bearer" or not token.strip():
             raise Problem(401, "Authorization header must be 'Bearer <token>'",
                           headers=_UNAUTHORIZED)
-        user = user_for_token(session, token.strip())
-        if user is None:
-            raise Problem(401, "unknown or revoked token", headers=_UNAUTHORIZED)
-        return _released(session, user)
+        return token.strip(), "unknown or revoked token"
     cookie = request.cookies.get(TOKEN_COOKIE)
     if cookie:
         if request.method not in SAFE_METHODS:
             check_same_origin(request, settings)
-        user = user_for_token(session, cookie)
+        return cookie, "unknown or revoked token: sign in again"
+    return None
+
+
+def current_user(request: Request, session: Session, settings: Settings) -> User:
+    """The user of the bearer token, or of the sign-in cookie of the web pages (the
+    pages call it; API routes take :data:`CurrentUser`, which runs it in the thread pool
+    only when the token is not in the process's :class:`~service.users.TokenCache`).
+
+    The ``Authorization`` header wins when both are sent. A cookie-authenticated unsafe
+    request must pass :func:`check_same_origin` (CSRF). A token is trusted for up to
+    :data:`~service.users.TOKEN_CACHE_S` seconds after it was looked up, so a revoked
+    token is refused within that.
+
+    Raises:
+        Problem 401: no ``Authorization: Bearer <token>`` header nor sign-in cookie, or an
+            unknown token.
+        Problem 403: a cookie-authenticated POST from another origin.
+    """
+    sent = _request_token(request, settings)
+    if sent is not None:
+        user = request.app.state.tokens.lookup(session, sent[0])
         if user is None:
-            raise Problem(401, "unknown or revoked token: sign in again", headers=_UNAUTHORIZED)
+            raise Problem(401, sent[1], headers=_UNAUTHORIZED)
         return _released(session, user)
     if not settings.require_token:
         user = session.scalar(select(User).where(User.name == LOCAL_ADMIN))
@@ -124,6 +138,31 @@ def current_user(request: Request, session: SessionDep, settings: SettingsDep,
                   "(create one with `libreyolo-service token create`)", headers=_UNAUTHORIZED)
 
 
+def _current_user_in_own_session(request: Request, settings: Settings) -> User:
+    with request.app.state.sessions() as session:
+        return current_user(request, session, settings)
+
+
+async def authenticated_user(request: Request, settings: SettingsDep,
+                             _scheme: Annotated[HTTPAuthorizationCredentials | None,
+                                                Depends(bearer_scheme)] = None) -> User:
+    """:func:`current_user` as the dependency of the API routes (:data:`CurrentUser`).
+
+    A token in the process's :class:`~service.users.TokenCache` costs no statement and no
+    thread-pool hop; otherwise :func:`current_user` runs in the thread pool on a session
+    of its own, closed before the route reads (one pooled connection at a time).
+
+    Raises:
+        Problem 401, 403: as :func:`current_user`.
+    """
+    sent = _request_token(request, settings)
+    if sent is not None:
+        user = request.app.state.tokens.get(sent[0])
+        if user is not None:
+            return user
+    return await run_in_threadpool(_current_user_in_own_session, request, settings)
+
+
 def _released(session: Session, row: _Row) -> _Row:
     """End the dependency's read (the row stays loaded) so the request holds no pooled
     connection while it waits for its next thread-pool hop: with hundreds of requests at
@@ -133,22 +172,32 @@ def _released(session: Session, row: _Row) -> _Row:
     return row
 
 
-CurrentUser = Annotated[User, Depends(current_user)]
+CurrentUser = Annotated[User, Depends(authenticated_user)]
 
 
-def owned_job(job_id: str, user: CurrentUser, session: SessionDep) -> Job:
-    """The job ``job_id`` if the user owns it (or is an admin): the one ownership check of
+def owned_or_404(session: Session, job_id: str, user: User) -> Job:
+    """The job ``job_id`` if ``user`` owns it (or is an admin): the one ownership check of
     every ``/v1/jobs/{job_id}...`` route and of the job page's fragments
     (:func:`service.job_store.get_owned`).
 
     Raises:
-        Problem 401: as :func:`current_user`.
         Problem 404: no such job, or another user's job (the two are indistinguishable).
     """
     job = get_owned(session=session, job_id=job_id, user=user)
     if job is None:
         raise Problem(404, f"job {job_id!r} not found")
-    return _released(session, job)
+    return job
+
+
+def owned_job(job_id: str, user: CurrentUser, session: SessionDep) -> Job:
+    """:func:`owned_or_404` as a dependency (:data:`OwnedJob`); the hot reads call
+    :func:`owned_or_404` inside their one thread-pool hop instead.
+
+    Raises:
+        Problem 401: as :func:`current_user`.
+        Problem 404: no such job, or another user's job.
+    """
+    return _released(session, owned_or_404(session, job_id, user))
 
 
 OwnedJob = Annotated[Job, Depends(owned_job)]

@@ -8,11 +8,20 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
-from service.api.deps import OWNED_JOB_ERRORS, OwnedJob, SessionDep, SettingsDep, StoreDep
+from service.api.deps import (
+    OWNED_JOB_ERRORS,
+    CurrentUser,
+    OwnedJob,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    owned_or_404,
+)
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent
 from service.lifecycle import TERMINAL
@@ -26,13 +35,17 @@ def _event_public(e: JobEvent) -> EventPublic:
     return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
 
 
-def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
-    status = session.scalar(select(Job.status).where(Job.id == job_id))
+def _events(session: Any, job_id: str, after: int, limit: int) -> list[EventPublic]:
     rows = session.scalars(
         select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
         .order_by(JobEvent.seq).limit(limit)
     ).all()
-    return [_event_public(e) for e in rows], status
+    return [_event_public(e) for e in rows]
+
+
+def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return _events(session, job_id, after, limit), status
 
 
 def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
@@ -42,8 +55,8 @@ def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[l
 
 @router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
             responses=OWNED_JOB_ERRORS)
-def list_events(
-    job: OwnedJob, session: SessionDep,
+async def list_events(
+    job_id: str, user: CurrentUser, request: Request,
     after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> EventsPage:
@@ -53,8 +66,17 @@ def list_events(
     progress, epoch_end, profile), ``artifact`` and ``log`` (batched ``train.log`` lines
     in ``data.lines``). ``done`` is true once the job is terminal and nothing is left.
     """
-    # the request's session: a second one per request deadlocked the pool at 16 clients
-    events, status = _events_after(session, job.id, after, limit)
+    # async, with one thread-pool hop for the ownership check and the reads
+    # (docs/scaling.md, "Cost of the hot reads")
+    return await run_in_threadpool(_events_page, request.app.state.sessions, job_id, user,
+                                   after, limit)
+
+
+def _events_page(sessions: Any, job_id: str, user: Any, after: int, limit: int) -> EventsPage:
+    with sessions() as session:
+        # the job row (read first) gives the status: terminal before the events are read
+        status = owned_or_404(session, job_id, user).status
+        events = _events(session, job_id, after, limit)
     next_after = events[-1].seq if events else after
     return EventsPage(data=events, next_after=next_after, status=status,
                       done=status in TERMINAL and len(events) < limit)

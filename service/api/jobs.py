@@ -13,6 +13,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -25,6 +26,7 @@ from service.api.deps import (
     SessionDep,
     SettingsDep,
     StoreDep,
+    owned_or_404,
 )
 from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem, error_responses
@@ -211,8 +213,8 @@ def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: s
 
 @router.get("", response_model=JobsPage, operation_id="jobs-list", responses=error_responses({
     422: "a filter is not one of its values, or the cursor was not returned by this endpoint"}))
-def list_jobs(
-    user: CurrentUser, session: SessionDep, settings: SettingsDep, request: Request,
+async def list_jobs(
+    user: CurrentUser, request: Request,
     status: Annotated[list[JobStatusName] | None, Query(
         description="only jobs in these statuses; repeat the parameter for several "
                     "(?status=queued&status=running)")] = None,
@@ -236,19 +238,28 @@ def list_jobs(
             last_id = ""
         if not re.fullmatch(r"j[0-9a-f]{24}", last_id):
             raise Problem(422, "cursor: not a cursor returned by this endpoint", field="cursor")
-    rows, more = job_store.list_jobs(session=session, user=user, statuses=status or (),
-                                     kind=kind, before=last_id, limit=limit)
-    next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode() if more else None
-    live = live_queues(session, settings.worker_ttl_s)
-    outlooks = queue_outlooks(session, settings, rows, live, request.app.state.outlooks)
-    return JobsPage(data=[job_public(j, live, session=session, settings=settings,
-                                     outlooks=outlooks) for j in rows],
-                    next_cursor=next_cursor)
+    # async, with one thread-pool hop for all of its reads (docs/scaling.md, "Cost of the
+    # hot reads")
+    return await run_in_threadpool(_jobs_page, request.app.state, user, status or (), kind,
+                                   last_id, limit)
+
+
+def _jobs_page(state: Any, user: Any, statuses: Any, kind: str | None, before: str | None,
+               limit: int) -> JobsPage:
+    settings = state.settings
+    with state.sessions() as session:
+        rows, more = job_store.list_jobs(session=session, user=user, statuses=statuses,
+                                         kind=kind, before=before, limit=limit)
+        next_cursor = base64.urlsafe_b64encode(rows[-1].id.encode()).decode() if more else None
+        live = live_queues(session, settings.worker_ttl_s)
+        outlooks = queue_outlooks(session, settings, rows, live, state.outlooks)
+        return JobsPage(data=[job_public(j, live, session=session, settings=settings,
+                                         outlooks=outlooks) for j in rows],
+                        next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobPublic, operation_id="jobs-get", responses=OWNED_JOB_ERRORS)
-def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
-            request: Request) -> JobPublic:
+async def get_job(job_id: str, user: CurrentUser, request: Request) -> JobPublic:
     """A job: status, attempt, progress, timing, result (metrics, verdict) or error tail;
     ``waiting`` says why a queued job cannot start (no live worker serves its queue).
 
@@ -261,10 +272,19 @@ def get_job(job: OwnedJob, session: SessionDep, settings: SettingsDep,
     worker serves the queue, when a needed duration is unknown, or while the owner is at
     their cap (see :func:`service.scheduler.outlook`).
     """
-    live = live_queues(session, settings.worker_ttl_s)
-    return job_public(job, live, session=session, settings=settings,
-                      outlooks=queue_outlooks(session, settings, [job], live,
-                                              request.app.state.outlooks))
+    # async, with one thread-pool hop for the ownership check and every read (a sync route
+    # with OwnedJob took four; docs/scaling.md, "Cost of the hot reads")
+    return await run_in_threadpool(_job_view, request.app.state, job_id, user)
+
+
+def _job_view(state: Any, job_id: str, user: Any) -> JobPublic:
+    settings = state.settings
+    with state.sessions() as session:
+        job = owned_or_404(session, job_id, user)
+        live = live_queues(session, settings.worker_ttl_s)
+        return job_public(job, live, session=session, settings=settings,
+                          outlooks=queue_outlooks(session, settings, [job], live,
+                                                  state.outlooks))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
