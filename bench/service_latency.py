@@ -19,9 +19,13 @@ engine's start-up is not measured.
   read job's queue position is a real computation; then ``GET /v1/jobs/{id}`` (a queued
   job), ``GET /v1/jobs`` (50 jobs a page) and ``GET /v1/jobs/{id}/events`` (50 events), each
   at concurrency 1 (``--requests``/4 requests) and ``--concurrency`` (``--requests``), over
-  httpx async connections after a warm-up. ``cpu`` is the CPU time (user + system) of
-  every API process during the run divided by the requests: what one request costs the
-  server, which the other work on the machine affects less than the latency.
+  keep-alive connections (``http.client``, one thread each) after a warm-up; ``floor``
+  is ``GET /healthz`` (a route that returns a constant) measured the same way: what
+  uvicorn, FastAPI and the load generator cost on this machine without the service's
+  work. ``cpu`` is the CPU time (user + system) of every API process during the measured
+  part divided by the requests: what one request costs the server, which the other work
+  on the machine affects less than the latency. At concurrency C a closed loop holds
+  p50 near C / throughput, whatever the server does.
 - SSE: ``--streams`` streams held open on 10 running jobs. ``idle_cpu``: the API
   processes' CPU over 5 s while no event comes (% of one core); ``fanout``: one event
   written to each of the 10 jobs in one commit, the time until each stream has it
@@ -118,28 +122,59 @@ def _cpu_s(procs: list) -> float:
     return total
 
 
-async def _get_load(url: str, token: str, path: str, n: int, conc: int) -> tuple[list[float], float]:
-    """``n`` GETs of ``path`` over ``conc`` connections after a warm-up; returns the
-    latencies (ms) and the wall time of the measured part (s)."""
-    import httpx
+def _get_load(url: str, token: str, path: str, n: int, conc: int,
+              procs: list) -> tuple[list[float], float, float]:
+    """``n`` GETs of ``path`` over ``conc`` keep-alive connections (one thread and one
+    ``http.client`` connection each) after a warm-up; returns the latencies (ms), the
+    wall time of the measured part (s) and the CPU seconds ``procs`` used meanwhile.
 
-    lat: list[float] = []
-    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    Not httpx: on this machine one asyncio httpx client drove at most ~130 requests/s at
+    32 connections and added ~3.5 ms to each request at 1, whatever the server (a route
+    returning a constant had p99 ~1.3 s at 32 connections): the benchmark measured its
+    client. ``http.client`` costs ~0.5 ms of CPU a request."""
+    import http.client
+    import threading
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
-                                 timeout=60) as c:
-        async def one(k: int) -> None:
-            for _ in range(k):
-                t0 = time.perf_counter()
-                r = await c.get(path)
-                lat.append((time.perf_counter() - t0) * 1000)
-                r.raise_for_status()
+    lat: list[float] = []
+    failed: list[str] = []
+    start = threading.Barrier(conc + 1, timeout=120)
 
-        await asyncio.gather(*(one(max(2, 64 // conc)) for _ in range(conc)))  # warm-up
-        lat.clear()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(max(1, n // conc)) for _ in range(conc)))
-    return lat, time.perf_counter() - t0
+    def one(k: int) -> None:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+
+        def get() -> float:
+            t0 = time.perf_counter()
+            conn.request("GET", path, headers=headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                failed.append(f"GET {path}: {r.status}")
+            return (time.perf_counter() - t0) * 1000
+
+        try:
+            for _ in range(max(2, 64 // conc)):  # warm-up
+                get()
+            start.wait()
+            mine = [get() for _ in range(k)]
+            lat.extend(mine)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one, args=(max(1, n // conc),)) for _ in range(conc)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0, c0 = time.perf_counter(), _cpu_s(procs)
+    for t in threads:
+        t.join()
+    wall, cpu = time.perf_counter() - t0, _cpu_s(procs) - c0
+    if failed or len(lat) < conc * max(1, n // conc):
+        raise SystemExit(f"GET {path}: {len(failed)} failed requests {failed[:1]}, "
+                         f"{len(lat)} answered")
+    return lat, wall, cpu
 
 
 def _seed(sessions, owner_id: str, queued: int, streams_jobs: int) -> tuple[str, list[str]]:
@@ -227,7 +262,7 @@ async def _sse(url: str, token: str, jobs: list[str], n: int, procs: list, sessi
 
 def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc: int,
                 queued: int, streams: int, table: list[str],
-                reads_wanted: tuple[str, ...] = ("job", "list", "events")) -> str:
+                reads_wanted: tuple[str, ...] = ("floor", "job", "list", "events")) -> str:
     """Start API + worker on one backend for each process count, measure, stop; returns
     the result fragment (and appends rows to ``table``)."""
     import httpx
@@ -281,15 +316,14 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                         read_job, _ = _seed(sessions, owner, queued, 0)
                     _, running = _seed(sessions, owner, 1, 10)  # fresh streams' jobs each run
                     reads = []
-                    paths = {"job": f"/v1/jobs/{read_job}", "list": "/v1/jobs",
+                    paths = {"floor": "/healthz", "job": f"/v1/jobs/{read_job}", "list": "/v1/jobs",
                              "events": f"/v1/jobs/{read_job}/events?limit=50"}
                     for name in reads_wanted:
                         path = paths[name]
                         for c in (1, conc):
                             n = requests // 4 if c == 1 else requests
-                            c0 = _cpu_s(procs)
-                            lat, wall = asyncio.run(_get_load(url, token, path, n, c))
-                            cpu_ms = (_cpu_s(procs) - c0) / len(lat) * 1000
+                            lat, wall, cpu = _get_load(url, token, path, n, c, procs)
+                            cpu_ms = cpu / len(lat) * 1000
                             rps = len(lat) / wall
                             _row(table, f"{kind:10} {n_procs:5} {name:7} {c:4} {cpu_ms:8.2f} "
                                          f"{rps:8.0f} {pct(lat, 0.5):8.1f} {pct(lat, 0.99):8.1f}")
@@ -354,8 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--queued", type=int, default=1000)
     parser.add_argument("--streams", type=int, default=500, help="0: no SSE part")
-    parser.add_argument("--reads", nargs="+", default=["job", "list", "events"],
-                        choices=["job", "list", "events"])
+    parser.add_argument("--reads", nargs="+", default=["floor", "job", "list", "events"],
+                        choices=["floor", "job", "list", "events"],
+                        help="floor: GET /healthz, the cost without the service's work")
     args = parser.parse_args(argv)
     load0 = os.getloadavg()[0]
     table: list[str] = []

@@ -31,6 +31,9 @@ __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 
+#: threads the hot reads run in at once, per API process (see ``create_app``)
+READ_THREADS = 4
+
 DESCRIPTION = """Remote training service for YOLO detectors.
 
 Submit a training or profile job (`POST /v1/jobs`), follow its events
@@ -90,6 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.notifier = EventNotifier(app.state.sessions, settings.sse_poll_s)
     app.state.outlooks = OutlookCache()
     app.state.tokens = TokenCache()
+    # the hot reads' threads (service.api.deps.read_in_thread): few, so the event loop and
+    # they do not queue for the GIL behind dozens of others (docs/scaling.md)
+    app.state.read_limiter = anyio.CapacityLimiter(READ_THREADS)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(app.state.sessions, settings.worker_ttl_s))
     app.state.registry = registry

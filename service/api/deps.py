@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -20,10 +21,11 @@ from service.storage import ArtifactStore
 
 __all__ = ["SessionDep", "CurrentUser", "OwnedJob", "SettingsDep", "StoreDep", "TOKEN_COOKIE",
            "authenticated_user", "check_same_origin", "current_user", "owned_job",
-           "owned_or_404", "OWNED_JOB_ERRORS"]
+           "owned_or_404", "read_in_thread", "OWNED_JOB_ERRORS"]
 
 LOCAL_ADMIN = "local"
 _Row = TypeVar("_Row")
+_T = TypeVar("_T")
 
 
 # async: FastAPI runs a plain ``def`` dependency in the thread pool, a hop that costs more
@@ -81,6 +83,13 @@ def check_same_origin(request: Request, settings: Settings) -> None:
     if parts.netloc != request.headers.get("host", "") and \
             f"{parts.scheme}://{parts.netloc}" not in allowed:
         raise Problem(403, f"cross-origin request from {parts.scheme}://{parts.netloc} refused")
+
+
+async def read_in_thread(request: Request, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a worker thread, at most ``READ_THREADS`` at once per process
+    (``app.state.read_limiter``): the one thread-pool hop of a hot read (the ownership
+    check and every statement in one function, on a session of its own)."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=request.app.state.read_limiter)
 
 
 def _request_token(request: Request, settings: Settings) -> tuple[str, str] | None:

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
@@ -21,6 +20,7 @@ from service.api.deps import (
     SettingsDep,
     StoreDep,
     owned_or_404,
+    read_in_thread,
 )
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent
@@ -31,16 +31,15 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _event_public(e: JobEvent) -> EventPublic:
-    return EventPublic(seq=e.seq, time=e.time, kind=e.kind, data=e.payload)
-
-
 def _events(session: Any, job_id: str, after: int, limit: int) -> list[EventPublic]:
-    rows = session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+    # the four columns, not ORM rows: half the cost of a page of 50
+    rows = session.execute(
+        select(JobEvent.seq, JobEvent.time, JobEvent.kind, JobEvent.payload)
+        .where(JobEvent.job_id == job_id, JobEvent.seq > after)
         .order_by(JobEvent.seq).limit(limit)
-    ).all()
-    return [_event_public(e) for e in rows]
+    )
+    return [EventPublic(seq=seq, time=time, kind=kind, data=payload)
+            for seq, time, kind, payload in rows]
 
 
 def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
@@ -68,7 +67,7 @@ async def list_events(
     """
     # async, with one thread-pool hop for the ownership check and the reads
     # (docs/scaling.md, "Cost of the hot reads")
-    return await run_in_threadpool(_events_page, request.app.state.sessions, job_id, user,
+    return await read_in_thread(request, _events_page, request.app.state.sessions, job_id, user,
                                    after, limit)
 
 

@@ -13,7 +13,6 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -27,6 +26,7 @@ from service.api.deps import (
     SettingsDep,
     StoreDep,
     owned_or_404,
+    read_in_thread,
 )
 from service.api.model_refs import describe_model_ref
 from service.api.problems import Problem, error_responses
@@ -240,7 +240,7 @@ async def list_jobs(
             raise Problem(422, "cursor: not a cursor returned by this endpoint", field="cursor")
     # async, with one thread-pool hop for all of its reads (docs/scaling.md, "Cost of the
     # hot reads")
-    return await run_in_threadpool(_jobs_page, request.app.state, user, status or (), kind,
+    return await read_in_thread(request, _jobs_page, request.app.state, user, status or (), kind,
                                    last_id, limit)
 
 
@@ -274,7 +274,7 @@ async def get_job(job_id: str, user: CurrentUser, request: Request) -> JobPublic
     """
     # async, with one thread-pool hop for the ownership check and every read (a sync route
     # with OwnedJob took four; docs/scaling.md, "Cost of the hot reads")
-    return await run_in_threadpool(_job_view, request.app.state, job_id, user)
+    return await read_in_thread(request, _job_view, request.app.state, job_id, user)
 
 
 def _job_view(state: Any, job_id: str, user: Any) -> JobPublic:

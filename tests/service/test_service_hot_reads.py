@@ -203,3 +203,86 @@ def test_serve_workers_2_starts_two_api_processes_that_serve(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def token_cache(server):
+    """The server's token cache replaced by one on a fake clock (``now[0]`` seconds);
+    the real one is put back after the test."""
+    from service.users import TOKEN_CACHE_S, TokenCache
+
+    now = [0.0]
+    real = server.app.state.tokens
+    server.app.state.tokens = TokenCache(ttl_s=TOKEN_CACHE_S, clock=lambda: now[0])
+    yield server.app.state.tokens, now
+    server.app.state.tokens = real
+
+
+def _statements(engine, calls):
+    """Run ``calls()``; returns the SQL statements the engine ran meanwhile."""
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_a) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        calls()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_a_token_is_looked_up_once_per_ttl_and_a_revoked_one_refused_after_it(
+        server, sessions, token_cache):
+    """Hot reads with one token: its lookup runs once per TOKEN_CACHE_S, not per request;
+    once revoked it still works until that bound, then is refused (401)."""
+    from service.db.models import Token
+    from service.users import hash_token
+
+    cache, now = token_cache
+    name, token = make_user(sessions)
+    job_id = queued_job(sessions, _user_id(sessions, name), queue="gpu-8")
+    headers = {"Authorization": f"Bearer {token}"}
+    paths = [f"/v1/jobs/{job_id}", "/v1/jobs", f"/v1/jobs/{job_id}/events"]
+
+    def read_all() -> None:
+        for path in paths * 2:
+            assert httpx.get(server.url + path, headers=headers).status_code == 200
+
+    ran = _statements(server.app.state.engine, read_all)
+    on_tokens = [s for s in ran if "tokens" in s]
+    assert len(on_tokens) == 1 and cache.lookups == 1, on_tokens
+    with sessions() as s:
+        s.query(Token).filter_by(token_sha256=hash_token(token)).update({"revoked": True})
+        s.commit()
+    now[0] = cache.ttl_s - 0.1  # within the bound the process still trusts it
+    assert httpx.get(server.url + paths[0], headers=headers).status_code == 200
+    now[0] = cache.ttl_s  # past it: looked up again, and refused
+    r = httpx.get(server.url + paths[0], headers=headers)
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+    assert cache.lookups == 2
+    r = httpx.get(server.url + paths[0], headers=headers)  # a refused token is not kept
+    assert r.status_code == 401 and cache.lookups == 3
+
+
+def test_unknown_tokens_are_never_cached(server, token_cache):
+    cache, _ = token_cache
+    for _ in range(3):
+        r = httpx.get(f"{server.url}/v1/jobs", headers={"Authorization": "Bearer lyt_nope"})
+        assert r.status_code == 401
+    assert cache.lookups == 3 and cache.get("lyt_nope") is None
+
+
+def test_a_hot_read_runs_only_its_own_statements(server, sessions, token_cache):
+    """GET /v1/jobs/{id} of a queued job with a known token: the job, the live workers
+    and the outlook memo's mark (the memo already holds the queue), nothing else."""
+    name, token = make_user(sessions)
+    job_id = queued_job(sessions, _user_id(sessions, name), queue="gpu-8")
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"{server.url}/v1/jobs/{job_id}"
+    assert httpx.get(url, headers=headers).status_code == 200  # token and memo filled
+    ran = _statements(server.app.state.engine,
+                      lambda: httpx.get(url, headers=headers).raise_for_status())
+    assert len(ran) == 3, ran
+    assert not [s for s in ran if "tokens" in s], ran
