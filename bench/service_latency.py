@@ -143,7 +143,7 @@ def _get_load(url: str, token: str, path: str, n: int, conc: int,
     start = threading.Barrier(conc + 1, timeout=120)
 
     def one(k: int) -> None:
-        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+        conn = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=60)
 
         def get() -> float:
             t0 = time.perf_counter()
@@ -310,7 +310,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                     rss_mb = sum(p.memory_info().rss for p in procs[1 if n_procs > 1 else 0:]) / 2**20
                     head = f"{kind} p={n_procs}:"
                     with sessions() as s:
-                        owner = s.scalar(select(User.id).where(User.name == "bench"))
+                        owner = s.scalars(select(User.id).where(User.name == "bench")).one()
                     if not read_job:
                         head += _submit_to_running(url, token, tmp, sessions, jobs, TERMINAL, Job)
                         read_job, _ = _seed(sessions, owner, queued, 0)
