@@ -125,9 +125,10 @@ class TokenCache:
         if user is None or self.ttl_s <= 0:
             return user
         session.expunge(user)
+        key = hash_token(token)
         with self._lock:
-            self._users[hash_token(token)] = (at, user)
-            self._users.move_to_end(hash_token(token))
+            self._users[key] = (at, user)
+            self._users.move_to_end(key)
             while len(self._users) > self.max_entries:
                 self._users.popitem(last=False)
         return user

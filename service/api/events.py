@@ -23,7 +23,7 @@ from service.api.deps import (
     read_in_thread,
 )
 from service.api.schemas import EventPublic, EventsPage
-from service.db.models import Job, JobEvent
+from service.db.models import Job, JobEvent, User
 from service.lifecycle import TERMINAL
 
 __all__ = ["router"]
@@ -38,8 +38,8 @@ def _events(session: Any, job_id: str, after: int, limit: int) -> list[EventPubl
         .where(JobEvent.job_id == job_id, JobEvent.seq > after)
         .order_by(JobEvent.seq).limit(limit)
     )
-    return [EventPublic(seq=seq, time=time, kind=kind, data=payload)
-            for seq, time, kind, payload in rows]
+    return [EventPublic(seq=seq, time=at, kind=kind, data=payload)
+            for seq, at, kind, payload in rows]
 
 
 def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
@@ -67,11 +67,11 @@ async def list_events(
     """
     # async, with one thread-pool hop for the ownership check and the reads
     # (docs/scaling.md, "Cost of the hot reads")
-    return await read_in_thread(request, _events_page, request.app.state.sessions, job_id, user,
-                                   after, limit)
+    return await read_in_thread(request, _events_page, request.app.state.sessions, job_id,
+                                user, after, limit)
 
 
-def _events_page(sessions: Any, job_id: str, user: Any, after: int, limit: int) -> EventsPage:
+def _events_page(sessions: Any, job_id: str, user: User, after: int, limit: int) -> EventsPage:
     with sessions() as session:
         # the job row (read first) gives the status: terminal before the events are read
         status = owned_or_404(session, job_id, user).status

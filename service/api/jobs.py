@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -39,7 +40,7 @@ from service.api.schemas import (
     TuneOptionsIn,
 )
 from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, validate_params
-from service.db.models import Job, utcnow
+from service.db.models import Job, User, utcnow
 from service.gang import nodes_of, world_size
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
@@ -242,12 +243,12 @@ async def list_jobs(
             raise Problem(422, "cursor: not a cursor returned by this endpoint", field="cursor")
     # async, with one thread-pool hop for all of its reads (docs/scaling.md, "Cost of the
     # hot reads")
-    return await read_in_thread(request, _jobs_page, request.app.state, user, status or (), kind,
-                                   last_id, limit)
+    return await read_in_thread(request, _jobs_page, request.app.state, user, status or (),
+                                kind, last_id, limit)
 
 
-def _jobs_page(state: Any, user: Any, statuses: Any, kind: str | None, before: str | None,
-               limit: int) -> JobsPage:
+def _jobs_page(state: Any, user: User, statuses: Iterable[str], kind: str | None,
+               before: str | None, limit: int) -> JobsPage:
     settings = state.settings
     with state.sessions() as session:
         rows, more = job_store.list_jobs(session=session, user=user, statuses=statuses,
@@ -279,7 +280,7 @@ async def get_job(job_id: str, user: CurrentUser, request: Request) -> JobPublic
     return await read_in_thread(request, _job_view, request.app.state, job_id, user)
 
 
-def _job_view(state: Any, job_id: str, user: Any) -> JobPublic:
+def _job_view(state: Any, job_id: str, user: User) -> JobPublic:
     settings = state.settings
     with state.sessions() as session:
         job = owned_or_404(session, job_id, user)
