@@ -215,10 +215,14 @@ def test_two_two_node_jobs_on_three_workers_both_finish(stack, data, tmp_path):
         seen: set[tuple[str, str]] = set()
 
         def both_done() -> bool:
-            sa, sb = (c.get(f"/v1/jobs/{j}").json()["status"] for j in (a, b))
-            seen.add((sa, sb))
-            assert not (sa == "running" and sb == "running"), "4 nodes on 3 workers"
-            return sa in DONE and sb in DONE
+            ja, jb = (c.get(f"/v1/jobs/{j}").json() for j in (a, b))
+            seen.add((ja["status"], jb["status"]))
+            # a node whose engine ended frees its worker while node 0 still finishes the
+            # job, so both jobs may show running; live nodes never exceed the workers
+            live = [n["worker"] for j in (ja, jb) if j["status"] == "running"
+                    for n in j["node_workers"] or [] if n["exit_code"] is None]
+            assert len(live) <= 3 and len(set(live)) == len(live), (ja, jb)
+            return ja["status"] in DONE and jb["status"] in DONE
 
         wait_for(both_done, timeout=600, interval=0.3, what="both jobs to end")
         ja, jb = (c.get(f"/v1/jobs/{j}").json() for j in (a, b))
