@@ -161,7 +161,12 @@ def worker(
     gpus: Annotated[str | None, typer.Option(help="GPU indices this worker owns, e.g. 0,1")] = None,
     cpu: Annotated[bool, typer.Option(help="CPU worker (queue cpu)")] = False,
 ) -> None:
-    """Run one Celery worker (one job at a time). Without options: the GPUs found, else CPU."""
+    """Run one Celery worker (one job at a time). Without options: the GPUs found, else CPU.
+
+    It uses the service's database and artifact folder: start it in the folder where `up`
+    runs (state in ./.libreyolo), or with the same LIBREYOLO_HOME or LIBREYOLO_DATABASE_URL
+    (and LIBREYOLO_BROKER_URL, LIBREYOLO_ARTIFACT_ROOT) as the API. It refuses a database
+    that was never set up."""
     argv = _worker_argv(gpus, cpu)
     os.execv(argv[0], argv)
 

@@ -8,8 +8,10 @@ takes the last slot starts the job (:func:`start_gang`: the ``claim`` transition
 node's worker and the world size). Node 0's worker publishes the c10d rendezvous endpoint
 (its ``addr:port``) in its slot; the others read it from there.
 
-Every slot has a lease (``lease_s``) its worker renews while it waits
-(:func:`gather_step`) and while its engine runs (:func:`renew_node`). A slot held longer
+Every slot has a lease its worker renews: a short one while it waits
+(:data:`GATHER_LEASE_S`, :func:`gather_step` renews it every second), so the gang never
+starts with a worker that died while waiting, then ``lease_s`` while its engine runs
+(:func:`renew_node`). A slot held longer
 than ``gang_wait_s`` before the job starts is released by its worker
 (:func:`release_slot`), and an expired one is free for the next claim, so two multi-node
 jobs never hold each other's workers for ever. The scheduler serves partly gathered jobs
@@ -38,9 +40,14 @@ from service.db.models import Job, JobNode, User, utcnow
 from service.lifecycle import ACTIVE, CLAIM, JobStatus
 from service.ops import append_events, transition
 
-__all__ = ["NodeAddress", "Claim", "NodeView", "free_port", "take_slot", "start_gang",
+__all__ = ["GATHER_LEASE_S", "NodeAddress", "Claim", "NodeView", "free_port", "take_slot", "start_gang",
            "gather_step", "release_slot", "renew_node", "record_node_pid", "record_node_exit",
            "lost_nodes", "nodes_of", "world_size"]
+
+
+#: seconds of a waiting slot's lease (its worker renews it every second): a slot whose
+#: worker died is free again, and never starts the job, within this time.
+GATHER_LEASE_S = 5.0
 
 
 def world_size(nodes: int, gpus: int, procs: int) -> int:
@@ -150,7 +157,8 @@ def take_slot(session: Session, *, job_id: str, attempt: int, nodes: int, worker
     rank = free[0]
     session.add(JobNode(job_id=job_id, attempt=attempt, node_rank=rank, worker_id=worker_id,
                         host=where.host, addr=where.addr, port=where.port if rank == 0 else None,
-                        claimed_at=now, lease_expires_at=now + timedelta(seconds=lease_s)))
+                        claimed_at=now,
+                        lease_expires_at=now + timedelta(seconds=min(lease_s, GATHER_LEASE_S))))
     try:
         session.flush()
     except IntegrityError:  # another worker took this slot between the read and the insert
@@ -178,6 +186,10 @@ def start_gang(session: Session, *, job_id: str, attempt: int, cap: int, lease_s
     job = session.get(Job, job_id)
     if job is None or job.status != JobStatus.QUEUED or job.attempt != attempt - 1:
         return False
+    now = utcnow()
+    # a waiting worker that died: its slot is free again, and the gang not complete
+    session.execute(delete(JobNode).where(*_slot(job_id, attempt),
+                                          JobNode.lease_expires_at < now))
     slots = nodes_of(session, job_id, attempt)
     if len(slots) < job.nodes:
         return False
@@ -190,22 +202,25 @@ def start_gang(session: Session, *, job_id: str, attempt: int, cap: int, lease_s
         session.execute(select(User.id).where(User.id == job.owner_id)
                         .with_for_update(key_share=True))
         where.append(running < cap)
-    now = utcnow()
     ws = world_size(job.nodes, job.gpus, job.procs)
+    event = {"attempt": attempt, "worker": slots[0].worker, "world_size": ws,
+             "nodes": [{"node_rank": n.node_rank, "worker": n.worker, "addr": n.addr}
+                       for n in slots],
+             "rendezvous": f"{slots[0].addr}:{slots[0].port}"}
+    if not transition(session, job_id, CLAIM, extra_where=where, event=event,
+                      attempt=attempt, lease_owner=slots[0].worker,
+                      lease_expires_at=now + timedelta(seconds=lease_s),
+                      started_at=func.coalesce(Job.started_at, now), cancel_requested=False):
+        return False
+    session.execute(update(JobNode).where(*_slot(job_id, attempt))  # the running lease
+                    .values(lease_expires_at=now + timedelta(seconds=lease_s)))
     if len({n.host for n in slots}) > 1 and any(_loopback(n.addr) for n in slots):
         append_events(session, job_id, [("log", now.timestamp(), {
             "event": "gang", "lines": ["warning: the nodes run on different hosts but "
             f"{', '.join(sorted({n.addr for n in slots if _loopback(n.addr)}))} is a loopback "
             "address: set LIBREYOLO_WORKER_ADDR on each worker host to the address the "
             "others reach it at, or the rendezvous cannot join"]})])
-    event = {"attempt": attempt, "worker": slots[0].worker, "world_size": ws,
-             "nodes": [{"node_rank": n.node_rank, "worker": n.worker, "addr": n.addr}
-                       for n in slots],
-             "rendezvous": f"{slots[0].addr}:{slots[0].port}"}
-    return transition(session, job_id, CLAIM, extra_where=where, event=event,
-                      attempt=attempt, lease_owner=slots[0].worker,
-                      lease_expires_at=now + timedelta(seconds=lease_s),
-                      started_at=func.coalesce(Job.started_at, now), cancel_requested=False)
+    return True
 
 
 def gather_step(session: Session, claim: Claim, *, worker_id: str, lease_s: float,
@@ -222,7 +237,8 @@ def gather_step(session: Session, claim: Claim, *, worker_id: str, lease_s: floa
     now = utcnow()
     mine = session.execute(update(JobNode)
                            .where(*_slot(claim.job_id, claim.attempt, claim.node_rank, worker_id))
-                           .values(lease_expires_at=now + timedelta(seconds=lease_s))
+                           .values(lease_expires_at=now + timedelta(
+                               seconds=min(lease_s, GATHER_LEASE_S)))
                            .returning(JobNode.node_rank)).first() is not None
     job = session.get(Job, claim.job_id)
     if not mine or job is None:

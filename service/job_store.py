@@ -210,11 +210,11 @@ def request_cancel(*, session: Session, job_id: str) -> bool:
 def expired_leases(*, session: Session, now: datetime) -> list[Row]:
     """Running and cancelling jobs whose lease expired before ``now`` (their worker died):
     rows of ``id, status, attempt, max_attempts, queue, priority, lease_expires_at,
-    owner_id, nodes``. (A multi-node job's lease is node 0's; node 0's worker watches the
-    other nodes' leases itself, :func:`service.gang.lost_nodes`.)"""
+    owner_id, nodes, lease_owner``. (A multi-node job's lease is node 0's; node 0's worker
+    watches the other nodes' leases itself, :func:`service.gang.lost_nodes`.)"""
     return list(session.execute(
         select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
-               Job.lease_expires_at, Job.owner_id, Job.nodes)
+               Job.lease_expires_at, Job.owner_id, Job.nodes, Job.lease_owner)
         .where(Job.status.in_(ACTIVE), Job.lease_expires_at < now)
     ).all())
 
@@ -233,18 +233,22 @@ def expire(*, session: Session, lease: Row, now: datetime,
     same_lease = [Job.lease_expires_at == lease.lease_expires_at]
     lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see the runner
     attempt, max_attempts = lease.attempt, lease.max_attempts
+    lost_what = "lease expired (worker lost)"
+    if (lease.nodes or 1) > 1:  # the job's lease is node 0's
+        lost_what = f"node 0 (worker {lease.lease_owner}) lost: its lease expired"
     if lease.status == JobStatus.CANCELLING:
         done = transition(session, lease.id, CANCEL_EXPIRED, extra_where=same_lease,
                           finished_at=now, event={"reason": "worker lost while cancelling"},
                           **lost)
         return JobStatus.CANCELLED if done else None
     if attempt < max_attempts:
-        reason = f"lease expired (worker lost); re-queued for attempt {attempt + 1} " \
-                 f"of {max_attempts}, {store.resume_note(lease.id)}"
+        reason = f"{lost_what}; re-queued for attempt {attempt + 1} " \
+                 f"of {max_attempts}{' on every node' if (lease.nodes or 1) > 1 else ''}, " \
+                 f"{store.resume_note(lease.id)}"
         done = transition(session, lease.id, REQUEUE_EXPIRED, extra_where=same_lease,
                           enqueued_at=now, sent_at=now, event={"reason": reason}, **lost)
         return JobStatus.QUEUED if done else None
-    reason = f"lease expired (worker lost) on attempt {attempt} of {max_attempts}"
+    reason = f"{lost_what} on attempt {attempt} of {max_attempts}"
     done = transition(session, lease.id, FAIL_EXPIRED, extra_where=same_lease,
                       finished_at=now, error={"reason": reason, "exit_code": None},
                       event={"reason": reason}, **lost)

@@ -38,8 +38,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="Celery node name")
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.loglevel.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cpu:
         gpu_ids: list[str] = []
     elif args.gpus is not None:
@@ -47,6 +45,18 @@ def main(argv: list[str] | None = None) -> None:
     else:
         gpu_ids = detect_gpus()
     settings = Settings()
+    from service.db.migrate import schema_problem
+
+    problem = schema_problem(settings.database_url)
+    if problem is not None:
+        raise SystemExit(
+            f"worker: the database {settings.database_url} cannot be used: {problem}. A worker "
+            "uses the service's database: start it in the folder where `libreyolo-service up` "
+            "runs (its state is ./.libreyolo), or with the same LIBREYOLO_HOME or "
+            "LIBREYOLO_DATABASE_URL as the API; a new database is set up by `libreyolo-service "
+            "db upgrade`.")
+    logging.basicConfig(level=args.loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings.ensure_dirs()
     from worker.tasks import create_worker_app
 

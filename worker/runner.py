@@ -395,6 +395,12 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     engine.kill_group()  # loader workers or ranks left behind
     if run.pump() is None:
         lost = True
+    if peers is not None and rc is not None:  # node 0's exit, as the other nodes record theirs
+        with run.sessions() as s:
+            gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
+                                  node_rank=0, worker_id=run.worker_id, exit_code=rc,
+                                  stop=engine.stop_reason, detail="\n".join(run.seen.log_tail))
+            s.commit()
     action = after_exit(lost=lost, stop_reason=engine.stop_reason)
     if action == "lost":
         return "lost"
