@@ -372,7 +372,68 @@ def test_the_reaper_requeues_a_gang_whose_node_0_died(settings, sessions, new_qu
     assert sent.count((job, q, 0)) == 2
     j = row(sessions, job)
     assert (j.status, j.attempt) == ("queued", 1)
+    reason = next(e.payload["reason"] for e in reversed(events(sessions, job))
+                  if e.kind == "status")
+    assert reason.startswith("node 0 (worker w0) lost: its lease expired; re-queued for "
+                             "attempt 2 of 3 on every node"), reason
     assert take(sessions, q, settings, "w2", 41002) == Claim(job, 0, 2, 2, False)
+
+
+def test_a_worker_that_died_while_waiting_never_starts_the_gang(make_settings, db_url, sessions,
+                                                                new_queue):
+    """A waiting slot's lease is short (GATHER_LEASE_S, renewed every second): the gang
+    does not start with a slot whose worker stopped renewing it; once it starts, every
+    slot holds the running lease (lease_s)."""
+    from service.gang import GATHER_LEASE_S
+
+    settings = make_settings(db_url, lease_s=60)
+    q = new_queue()
+    owner = new_user(sessions, cap=1)
+    two = add_job(sessions, owner, q, nodes=2)
+    one = add_job(sessions, owner, q, nodes=1)
+    c0 = take(sessions, q, settings, "w0", 41000, job_id=two)
+    assert take(sessions, q, settings, "w9", job_id=one) is not None  # the owner's cap: 1
+    with sessions() as s:
+        c1 = take_slot(s, job_id=two, attempt=1, nodes=2, worker_id="w1", where=at(41001),
+                       lease_s=settings.lease_s, cap=1)
+        s.commit()
+    left = (slots(sessions, two)[0].lease_expires_at - utcnow()).total_seconds()
+    assert 0 < left <= GATHER_LEASE_S
+    with sessions() as s:  # w0 died while waiting: it renews no more
+        s.execute(update(JobNode).where(JobNode.job_id == two, JobNode.node_rank == 0)
+                  .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        assert transition(s, one, FINISH, "succeeded", finished_at=utcnow(), lease_owner=None,
+                          lease_expires_at=None)
+        s.commit()
+    assert step(sessions, c1, "w1", settings, cap=1) == ("waiting", 1)
+    assert row(sessions, two).status == "queued"
+    assert [n.node_rank for n in slots(sessions, two)] == [1]
+    assert step(sessions, c0, "w0", settings, cap=1)[0] == "gone"
+    c2 = take(sessions, q, settings, "w2", 41002, job_id=two)
+    assert c2 == Claim(two, 0, 1, 2, True)
+    j = row(sessions, two)
+    assert (j.status, j.lease_owner) == ("running", "w2")
+    assert all((n.lease_expires_at - utcnow()).total_seconds() > 50 > GATHER_LEASE_S
+               for n in slots(sessions, two))
+
+
+def test_a_gang_larger_than_the_live_workers_does_not_hold_the_queue(settings, sessions,
+                                                                       new_queue):
+    """One live worker serves the queue: an older 2-node job cannot gather, so the worker
+    takes the 1-node job behind it; with two live workers it takes a node slot."""
+    from service.db.models import WorkerRow
+
+    q = new_queue()
+    two = add_job(sessions, new_user(sessions), q, nodes=2, priority=5)
+    one = add_job(sessions, new_user(sessions), q, nodes=1)
+    with sessions() as s:
+        s.add(WorkerRow(name=f"live-{q}-0", host="h", pid=1, queues=[q], gpus=0))
+        s.commit()
+    assert take(sessions, q, settings, "w0", 41000) == Claim(one, 0, 1, 1, True)
+    with sessions() as s:
+        s.add(WorkerRow(name=f"live-{q}-1", host="h", pid=2, queues=[q], gpus=0))
+        s.commit()
+    assert take(sessions, q, settings, "w1", 41001) == Claim(two, 0, 1, 2, False)
 
 
 # -- two nodes as two worker threads (fake engine) -----------------------------------------
@@ -559,7 +620,7 @@ def test_a_worker_shutdown_hands_the_job_back(node_settings, sessions, new_queue
     assert n2.join() == "succeeded" and n3.join() == "node 1 exited 0"
     j = row(sessions, job)
     assert (j.status, j.attempt) == ("succeeded", 1)
-    assert [(n.worker, n.exit_code) for n in slots(sessions, job)] == [("w2", None), ("w3", 0)]
+    assert [(n.worker, n.exit_code) for n in slots(sessions, job)] == [("w2", 0), ("w3", 0)]
 
 
 def test_a_gang_that_never_completes_releases_its_slot(make_settings, db_url, sessions,
