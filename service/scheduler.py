@@ -33,8 +33,7 @@ the job) moves on to the next candidate.
 (:mod:`service.gang`) and the job starts when the last slot is taken. A job whose gang has
 started gathering comes before every other (its held workers wait idle until it starts),
 then the order above. Ties between two partly gathered jobs go to the one with more nodes
-held. A job with more nodes than the queue has live workers (``workers`` heartbeats) is
-passed over until enough workers are online, so it never holds the queue's workers.
+held.
 
 The order is computed in Python from one read of the queue (a queue holds hundreds of jobs,
 not millions), so the claim, the queue position and the estimated start share one
@@ -59,7 +58,6 @@ from service.gang import Claim, NodeAddress, take_slot
 from service.lifecycle import ACTIVE, CLAIM, JobStatus
 from service.ops import transition
 from service.settings import Settings
-from service.workers import live_queues
 
 __all__ = ["MAX_PRIORITY", "Waiting", "QueueSnapshot", "Outlook", "effective_priority",
            "rank_key", "read_queue", "owner_cap", "claim_order", "predicted_order", "claim",
@@ -307,17 +305,13 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
         their owners at their cap). This function commits a claim and rolls back
         everything else.
     """
-    # a gang larger than the queue's live workers cannot gather: passed over, so it does not
-    # hold the queue's only workers (without heartbeat rows, e.g. direct runs, no limit)
-    live = live_queues(session, settings.worker_ttl_s).get(queue, 0)
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
         # without an address a worker may not take a node slot: multi-node jobs are no
         # candidates (skipping them in the loop below would re-read the queue every round)
         # (nor is a gang whose every slot is held: it waits for its owner's cap)
         order = [w for w in claim_order(snap, settings.aging_minutes)
-                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes
-                                     and (live == 0 or w.nodes <= live))]
+                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes)]
         session.rollback()  # end the read; each try is its own transaction
         if not order:
             return None

@@ -417,24 +417,6 @@ def test_a_worker_that_died_while_waiting_never_starts_the_gang(make_settings, d
                for n in slots(sessions, two))
 
 
-def test_a_gang_larger_than_the_live_workers_does_not_hold_the_queue(settings, sessions,
-                                                                       new_queue):
-    """One live worker serves the queue: an older 2-node job cannot gather, so the worker
-    takes the 1-node job behind it; with two live workers it takes a node slot."""
-    from service.db.models import WorkerRow
-
-    q = new_queue()
-    two = add_job(sessions, new_user(sessions), q, nodes=2, priority=5)
-    one = add_job(sessions, new_user(sessions), q, nodes=1)
-    with sessions() as s:
-        s.add(WorkerRow(name=f"live-{q}-0", host="h", pid=1, queues=[q], gpus=0))
-        s.commit()
-    assert take(sessions, q, settings, "w0", 41000) == Claim(one, 0, 1, 1, True)
-    with sessions() as s:
-        s.add(WorkerRow(name=f"live-{q}-1", host="h", pid=2, queues=[q], gpus=0))
-        s.commit()
-    assert take(sessions, q, settings, "w1", 41001) == Claim(two, 0, 1, 2, False)
-
 
 # -- two nodes as two worker threads (fake engine) -----------------------------------------
 
