@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
 from pathlib import Path
 
@@ -54,3 +55,26 @@ def sessions(settings):
     engine = make_engine(settings.database_url)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def new_queue(sessions):
+    """``new_queue()``: a queue name of this test's own; at the end every job left in it
+    is cancelled, so no later test (or reaper pass) meets it and no running job's lease
+    expires under a later test's reaper."""
+    from sqlalchemy import update
+
+    from service.db.models import Job
+    from service.lifecycle import TERMINAL
+
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(f"q-{secrets.token_hex(4)}")
+        return made[-1]
+
+    yield make
+    with sessions() as s:
+        s.execute(update(Job).where(Job.queue.in_(made), Job.status.not_in(TERMINAL))
+                  .values(status="cancelled", lease_owner=None, lease_expires_at=None))
+        s.commit()

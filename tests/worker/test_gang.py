@@ -10,7 +10,6 @@ shared database do not take part.
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 from datetime import timedelta
 from typing import Any
@@ -42,29 +41,12 @@ from service.gang import (
     take_slot,
 )
 from service.job_store import node_lost, request_cancel
-from service.lifecycle import FINISH, TERMINAL
+from service.lifecycle import FINISH
 from service.ops import transition
 from service.reaper import reap_once
 from service.scheduler import claim, claim_order, read_queue
 from service.storage import ArtifactStore
 from worker.runner import run_next
-
-
-@pytest.fixture
-def new_queue(sessions):
-    """``new_queue()``: a queue name of this test's own; at the end every job left in it
-    is cancelled, so no later test (or reaper pass) meets it."""
-    made: list[str] = []
-
-    def make() -> str:
-        made.append(f"g-{secrets.token_hex(4)}")
-        return made[-1]
-
-    yield make
-    with sessions() as s:
-        s.execute(update(Job).where(Job.queue.in_(made), Job.status.not_in(TERMINAL))
-                  .values(status="cancelled", lease_owner=None, lease_expires_at=None))
-        s.commit()
 
 
 def new_user(sessions, cap: int | None = None) -> str:

@@ -7,17 +7,15 @@ other tests leave queued in the shared database do not take part.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
 from testkit import make_user, queued_job, wait_for
 
 from service.db.models import Job, User, WorkerRow, utcnow
-from service.lifecycle import ACTIVE, CLAIM, FINISH, TERMINAL
+from service.lifecycle import ACTIVE, CLAIM, FINISH
 from service.ops import transition
 from service.reaper import reap_once
 from service.scheduler import (
@@ -30,23 +28,6 @@ from service.scheduler import (
 )
 from service.users import set_user_cap
 from worker.runner import run_job, run_next
-
-
-@pytest.fixture
-def new_queue(sessions):
-    """``new_queue()``: a queue name of this test's own; at the end every job left in it
-    is cancelled, so no running job's lease expires under a later test's reaper."""
-    made: list[str] = []
-
-    def make() -> str:
-        made.append(f"t-{secrets.token_hex(4)}")
-        return made[-1]
-
-    yield make
-    with sessions() as s:
-        s.execute(update(Job).where(Job.queue.in_(made), Job.status.not_in(TERMINAL))
-                  .values(status="cancelled", lease_owner=None, lease_expires_at=None))
-        s.commit()
 
 
 def new_user(sessions, cap: int | None = None) -> tuple[str, str]:
