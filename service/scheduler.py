@@ -33,7 +33,10 @@ the job) moves on to the next candidate.
 (:mod:`service.gang`) and the job starts when the last slot is taken. A job whose gang has
 started gathering comes before every other (its held workers wait idle until it starts),
 then the order above. Ties between two partly gathered jobs go to the one with more nodes
-held.
+held. A job with more nodes than the queue has live workers (``workers`` heartbeats) is
+passed over until enough workers are online, so it never holds the queue's workers; a
+worker coming online sends wake-ups for its queues' multi-node jobs
+(:func:`wake_gangs`), since the messages of a job passed over are used up.
 
 The order is computed in Python from one read of the queue (a queue holds hundreds of jobs,
 not millions), so the claim, the queue position and the estimated start share one
@@ -58,10 +61,11 @@ from service.gang import Claim, NodeAddress, take_slot
 from service.lifecycle import ACTIVE, CLAIM, JobStatus
 from service.ops import transition
 from service.settings import Settings
+from service.workers import live_queues
 
 __all__ = ["MAX_PRIORITY", "Waiting", "QueueSnapshot", "Outlook", "effective_priority",
            "rank_key", "read_queue", "owner_cap", "claim_order", "predicted_order", "claim",
-           "wake_targets", "outlook"]
+           "wake_targets", "wake_gangs", "outlook"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ ETA_HISTORY = 20
 #: worker claimed a job or an owner reached their cap, so in practice the rounds end when
 #: a claim wins or nothing eligible is left; the bound only guards against a livelock.
 CLAIM_ROUNDS = 50
+#: queued multi-node jobs per queue that a worker coming online wakes (:func:`wake_gangs`)
+WAKE_GANGS = 8
 
 
 @dataclass(frozen=True)
@@ -305,13 +311,17 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
         their owners at their cap). This function commits a claim and rolls back
         everything else.
     """
+    # a gang larger than the queue's live workers cannot gather: passed over, so it does not
+    # hold the queue's only workers (without heartbeat rows, e.g. direct runs, no limit)
+    live = live_queues(session, settings.worker_ttl_s).get(queue, 0)
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
         # without an address a worker may not take a node slot: multi-node jobs are no
         # candidates (skipping them in the loop below would re-read the queue every round)
         # (nor is a gang whose every slot is held: it waits for its owner's cap)
         order = [w for w in claim_order(snap, settings.aging_minutes)
-                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes)]
+                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes
+                                     and (live == 0 or w.nodes <= live))]
         session.rollback()  # end the read; each try is its own transaction
         if not order:
             return None
@@ -346,6 +356,23 @@ def wake_targets(session: Session, owner_id: str) -> list[tuple[str, str, int]]:
         select(Job.queue, func.min(Job.id), func.max(Job.priority))
         .where(Job.owner_id == owner_id, Job.status == JobStatus.QUEUED).group_by(Job.queue)).all()
     return [(job_id, queue, int(priority or 0)) for queue, job_id, priority in rows]
+
+
+def wake_gangs(session: Session, queues: Sequence[str],
+               limit: int = WAKE_GANGS) -> list[tuple[str, str, int]]:
+    """``(job id, queue, priority)``, one per node of each queued multi-node job of
+    ``queues`` (at most ``limit`` jobs per queue, best priority first): the wake-ups a worker
+    sends when it comes online. A claim passes over a gang larger than the queue's live
+    workers, which uses up that gang's messages; a worker joining may make it gatherable."""
+    out: list[tuple[str, str, int]] = []
+    for queue in queues:
+        rows = session.execute(
+            select(Job.id, Job.priority, Job.nodes)
+            .where(Job.queue == queue, Job.status == JobStatus.QUEUED, Job.nodes > 1)
+            .order_by(Job.priority.desc(), Job.id).limit(limit)).all()
+        for job_id, priority, nodes in rows:
+            out.extend([(job_id, queue, int(priority or 0))] * int(nodes))
+    return out
 
 
 def _typical_duration(session: Session, queue: str) -> float | None:

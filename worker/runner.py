@@ -41,7 +41,7 @@ from service.db.models import Job, utcnow
 from service.gang import Claim
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
-from service.scheduler import wake_targets
+from service.scheduler import wake_gangs, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
 from worker import nodes
@@ -60,7 +60,7 @@ from worker.process import EngineProcess, kill_leftovers, spawn_engine
 from worker.result import result_summary
 from worker.tail import Observed, Tail
 
-__all__ = ["run_job", "run_next"]
+__all__ = ["run_job", "run_next", "wake_gangs_on"]
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +287,18 @@ def _wake_gang(sessions: sessionmaker[Session], queue: str, send: Any) -> None:
             send(row[0], queue, row[1])
     except Exception:
         log.exception("could not send a wake-up for queue %s (the reaper re-sends)", queue)
+
+
+def wake_gangs_on(sessions: sessionmaker[Session], queues: Sequence[str], send: Any) -> None:
+    """This worker just came online: send a wake-up per node of each queued multi-node job
+    of ``queues`` (:func:`service.scheduler.wake_gangs`)."""
+    try:
+        with sessions() as s:
+            targets = wake_gangs(s, queues)
+        for target in targets:
+            send(*target)
+    except Exception:
+        log.exception("could not send wake-ups for queues %s (the reaper re-sends)", queues)
 
 
 def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker[Session],

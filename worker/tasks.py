@@ -50,8 +50,10 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
                       name: str | None = None) -> Celery:
     """The Celery app with ``run_job(job_id)`` registered.
 
-    Once the worker is ready it writes its ``workers`` row (what queues it serves) and
-    renews it every ``worker_heartbeat_s``; the row is deleted at shutdown.
+    Once the worker is ready it writes its ``workers`` row (what queues it serves), renews
+    it every ``worker_heartbeat_s`` and sends wake-ups for its queues' multi-node jobs (a
+    gang larger than the live workers was passed over and its messages are used up); the
+    row is deleted at shutdown.
 
     Args:
         settings: service settings (database, broker, lease...).
@@ -81,6 +83,7 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
 
     def on_ready(**_: object) -> None:
         heartbeat.start()
+        runner.wake_gangs_on(sessions, heartbeat.queues, resend)
 
     def on_worker_shutdown(**_: object) -> None:
         heartbeat.stop()

@@ -57,14 +57,14 @@ class JobCreate(BaseModel):
                       "workers can read")
     params: dict[str, Any] = Field(default_factory=dict,
                                    description="training keys (see libreyolo_core TrainConfig)")
-    gpus: int | None = Field(None, description="GPUs: 0 (CPU job), 1, 2, 4 or 8; default from "
+    gpus: int | None = Field(None, strict=True, description="GPUs: 0 (CPU job), 1, 2, 4 or 8; default from "
                              "the server settings")
-    procs: int = Field(1, ge=1, le=64, description="CPU ranks (Gloo) of a gpus=0 job")
-    nodes: int = Field(1, ge=1, le=256, description="hosts of one torchrun world (a "
+    procs: int = Field(1, ge=1, le=64, strict=True, description="CPU ranks (Gloo) of a gpus=0 job")
+    nodes: int = Field(1, ge=1, le=256, strict=True, description="hosts of one torchrun world (a "
                        "multi-node job): each runs `gpus` ranks (or `procs` for a CPU job) "
                        "on a worker of its own; the job starts when that many workers are "
                        "free (at most the setting max_nodes)")
-    priority: int = Field(0, ge=0, le=9, description="0 (default) .. 9 (first)")
+    priority: int = Field(0, ge=0, le=9, strict=True, description="0 (default) .. 9 (first)")
     time_budget_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds; "
                                         "the run is stopped (SIGTERM) and failed after it")
     tune: TuneOptionsIn | None = Field(None, description="a tune job's options (defaults when "

@@ -43,8 +43,13 @@ def _datasets(root: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
     pre_data, ft_data = _datasets(tmp_path)
-    # measured (2-core box, OMP_NUM_THREADS=1): pre-train mAP50 0.71, fine-tuned 0.50, scratch 0.0
-    pre = LibreYOLO("yolo9-t").train(data=pre_data, epochs=40, project=tmp_path, name="pre", **TINY)
+    # Training this small from scratch is chaotic: the CPU's kernels (AVX-512 or AVX2, a
+    # different summation order) change the result as much as the seed does. Measured over
+    # seeds 0-3 on both (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 reproduces an AVX2
+    # machine's numbers exactly): after 40 pre-training epochs, pre-train mAP50 0.13-0.82 and
+    # fine-tuned 0.02 on one AVX2 run; after 80, pre-train 0.34-1.0, fine-tuned 0.20-0.73,
+    # scratch 0.0 in every run. So 80 epochs and a margin of 0.1.
+    pre = LibreYOLO("yolo9-t").train(data=pre_data, epochs=80, project=tmp_path, name="pre", **TINY)
     with caplog.at_level(logging.INFO, logger="libreyolo_core.facade"):
         tuned_model = LibreYOLO(pre["best_checkpoint"])
         tuned = tuned_model.train(data=ft_data, epochs=10, project=tmp_path, name="ft", **TINY)
@@ -53,7 +58,7 @@ def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
     assert line == ("class count 4 -> 3: transferred 1332 of 1338 tensors; "
                     "re-initialised: head.cls.{0,1,2}.2.{bias,weight}")
     assert tuned_model.names == {0: "round", 1: "boxy", 2: "pointy"}  # names from the new dataset
-    assert tuned["mAP50"] > scratch["mAP50"] + 0.2, (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
+    assert tuned["mAP50"] > scratch["mAP50"] + 0.1, (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
 
 
 def test_freeze_keeps_weights_and_batchnorm_statistics(tmp_path):

@@ -34,9 +34,13 @@ def coco8(tmp_path) -> Path:
 
 @pytest.mark.slow
 def test_yolo9t_overfits_eight_coco_images(coco8, tmp_path):
+    # Measured over seeds 0-2: mAP50 0.62-0.72 with AVX-512 kernels, 0.48-0.62 with AVX2
+    # ones (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 reproduces an AVX2 machine's
+    # numbers): a tiny run from scratch is chaotic, and the summation order alone moves it
+    # as much as the seed. An untrained model scores 0.
     result = LibreYOLO("yolo9-t").train(data=coco8, epochs=100, eval_interval=100,
                                         project=tmp_path, **OVERFIT)
-    assert result["mAP50"] >= 0.5, result
+    assert result["mAP50"] >= 0.4, result
 
 
 @pytest.mark.slow

@@ -118,6 +118,8 @@ def test_submit_get_list(alice, data_yaml):
      "estimates a training run"),
     ({"params": {"preflight": True}, "procs": 2}, "params.preflight", "profiles one device"),
     ({"priority": 12}, "priority", "less than or equal"),
+    ({"nodes": "2"}, "nodes", "valid integer"),
+    ({"priority": True}, "priority", "valid integer"),
 ])
 def test_submit_rejects_bad_fields_naming_them(alice, data_yaml, over, field, words):
     before = len(alice.get("/v1/jobs", params={"limit": 200}).json()["data"])

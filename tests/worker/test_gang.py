@@ -399,6 +399,44 @@ def test_a_worker_that_died_while_waiting_never_starts_the_gang(make_settings, d
                for n in slots(sessions, two))
 
 
+def test_a_gang_larger_than_the_live_workers_does_not_hold_the_queue(settings, sessions,
+                                                                       new_queue):
+    """One live worker serves the queue: an older 2-node job cannot gather, so the worker
+    takes the 1-node job behind it; with two live workers it takes a node slot."""
+    from service.db.models import WorkerRow
+
+    q = new_queue()
+    two = add_job(sessions, new_user(sessions), q, nodes=2, priority=5)
+    one = add_job(sessions, new_user(sessions), q, nodes=1)
+    with sessions() as s:
+        s.add(WorkerRow(name=f"live-{q}-0", host="h", pid=1, queues=[q], gpus=0))
+        s.commit()
+    assert take(sessions, q, settings, "w0", 41000) == Claim(one, 0, 1, 1, True)
+    with sessions() as s:
+        s.add(WorkerRow(name=f"live-{q}-1", host="h", pid=2, queues=[q], gpus=0))
+        s.commit()
+    assert take(sessions, q, settings, "w1", 41001) == Claim(two, 0, 1, 2, False)
+
+
+def test_a_worker_coming_online_wakes_its_queues_gangs(sessions, new_queue):
+    """The wake-ups a worker sends when it comes online: one per node of each queued
+    multi-node job of its queues, best priority first; none for 1-node or running jobs."""
+    from worker.runner import wake_gangs_on
+
+    q, other = new_queue(), new_queue()
+    user = new_user(sessions)
+    low = add_job(sessions, user, q, nodes=2, priority=0)
+    high = add_job(sessions, user, q, nodes=3, priority=7)
+    add_job(sessions, user, q, nodes=1)
+    add_job(sessions, user, q, nodes=2, status="running")
+    far = add_job(sessions, user, other, nodes=2)
+    sent: list[tuple[str, str, int]] = []
+    wake_gangs_on(sessions, [q], lambda *m: sent.append(m))
+    assert sent == [(high, q, 7)] * 3 + [(low, q, 0)] * 2
+    sent.clear()
+    wake_gangs_on(sessions, [q, other], lambda *m: sent.append(m))
+    assert sent[-2:] == [(far, other, 0)] * 2 and len(sent) == 7
+
 
 # -- two nodes as two worker threads (fake engine) -----------------------------------------
 
