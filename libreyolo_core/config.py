@@ -18,7 +18,15 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from libreyolo_core.models.registry import ModelNameError, parse_model_name
 
@@ -119,6 +127,10 @@ def _augment(key: str) -> Any:
     return copy.copy(AugmentConfig.model_fields[key])
 
 
+#: the annotations of number fields (a bool is refused there, see ``_no_bool_numbers``)
+_NUMBERS = (int, float, int | None, float | None)
+
+
 class TrainConfig(BaseModel):
     """Every training key with its default, type and range.
 
@@ -214,6 +226,16 @@ class TrainConfig(BaseModel):
         "blocks (freeze=10) or module names (freeze=backbone or [backbone, neck.up1])")
 
     # -- field-level normalisation ---------------------------------------------------
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """``epochs=True`` is not one epoch: true/false where a number is expected is
+        refused (pydantic's lax mode would read it as 1/0)."""
+        if isinstance(v, bool) and info.field_name is not None:
+            if cls.model_fields[info.field_name].annotation in _NUMBERS:
+                raise ValueError("should be a number, not true/false")
+        return v
+
     @field_validator("model", mode="before")
     @classmethod
     def _model_name(cls, v: Any) -> str:

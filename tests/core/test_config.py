@@ -40,6 +40,9 @@ def test_aliases_map_to_standard_names():
         ({"profile_then_stop": True}, "profile_then_stop", "profile=True"),
         ({"scale": "(2, 1)"}, "scale", "lo <= hi"),
         ({"batch": 0}, "batch", "-1 for autobatch"),
+        ({"epochs": True}, "epochs", "a number, not true/false"),
+        ({"lr0": False}, "lr0", "a number, not true/false"),
+        ({"nbs": True}, "nbs", "a number, not true/false"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key, words):
