@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from libreyolo_client._client import (
     TUNE_OPTIONS,
     _Base,
     _final,
+    _final_deadline,
     _request_of,
     _sha256,
 )
@@ -35,6 +37,7 @@ from libreyolo_client._errors import (
     Conflict,
     ServiceUnavailable,
     SubmitWarning,
+    WaitTimeout,
     error_from_response,
     no_answer,
     unsendable,
@@ -288,7 +291,10 @@ class AsyncJob:
         async for _ in self.events(timeout=timeout):
             pass
         info = await self.refresh()
-        while not info.done:
+        deadline = _final_deadline(timeout)
+        while not info.done:  # `end` came before the row was re-read (replica lag): poll
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"job {self.id} still {info.status}")
             await asyncio.sleep(0.5)
             info = await self.refresh()
         return _final(info, raise_on_failure)

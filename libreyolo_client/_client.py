@@ -737,7 +737,7 @@ class Job:
             if printer:
                 printer.close()
         info = self.refresh()
-        deadline = None if timeout is None else time.monotonic() + 30
+        deadline = _final_deadline(timeout)
         while not info.done:  # `end` came before the row was re-read (replica lag): poll
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeout(f"job {self.id} still {info.status}")
@@ -887,6 +887,16 @@ class Job:
             if total is not None and done < total:
                 raise httpx.RemoteProtocolError(f"connection closed at {done}/{total} bytes")
         return expected
+
+
+#: seconds ``wait(timeout=...)`` polls a job whose stream has ended but whose row does not
+#: say done yet (a replica behind the primary); without a timeout it polls until done
+FINAL_POLL_S = 30.0
+
+
+def _final_deadline(timeout: float | None) -> float | None:
+    """The monotonic deadline of ``wait``'s final poll (see :data:`FINAL_POLL_S`)."""
+    return None if timeout is None else time.monotonic() + FINAL_POLL_S
 
 
 def _final(info: JobInfo, raise_on_failure: bool) -> JobInfo:

@@ -227,3 +227,34 @@ def test_the_follower_alone_says_what_to_do():
     assert ops.send(None) == GetPage(PAGE, {"after": 5, "limit": 1000})
     with pytest.raises(StopIteration):
         ops.send({"data": [], "done": True})
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_wait_polls_a_row_that_lags_the_stream_only_so_long(twin, monkeypatch):
+    """The stream ended but the job's row still says running (a replica behind): ``wait``
+    with a timeout polls the row for FINAL_POLL_S, then raises WaitTimeout (the async twin
+    polled for ever)."""
+    import libreyolo_client._client as client_module
+
+    monkeypatch.setattr(client_module, "FINAL_POLL_S", 1.0)
+    polls: list[float] = []
+
+    def handler(request):
+        if request.url.path == STREAM:
+            return sse_response(sse(1))
+        polls.append(time.monotonic())
+        return httpx.Response(200, json=INFO.model_dump(mode="json"))
+
+    opts = dict(retries=0, backoff_s=0.001, transport=mock(handler))
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeout, match="still running"):
+        if twin == "sync":
+            with Client("http://t", "t", **opts) as c:
+                Job(c, INFO).wait(timeout=60)
+        else:
+            async def main():
+                async with AsyncClient("http://t", "t", **opts) as c:
+                    await AsyncJob(c, INFO).wait(timeout=60)
+
+            asyncio.run(asyncio.wait_for(main(), 30))
+    assert 1.0 <= time.monotonic() - t0 < 10 and len(polls) >= 2
