@@ -133,7 +133,7 @@ def serve(
 
     from service.app import create_app
     from service.db.migrate import upgrade
-    from service.nodelay import NoDelayH11Protocol
+    from service.nodelay import NoDelayHttpToolsProtocol
 
     settings = _settings()
     upgrade(settings.database_url)
@@ -144,7 +144,7 @@ def serve(
     # needs the GIL, which a saturated process may not give it within uvicorn's 5 s
     uvicorn.run(target, factory=workers > 1, workers=workers, host=host, port=port,
                 log_level="info", access_log=access_log, timeout_graceful_shutdown=5,
-                timeout_worker_healthcheck=60, http=NoDelayH11Protocol)
+                timeout_worker_healthcheck=60, http=NoDelayHttpToolsProtocol)
 
 
 def _worker_argv(gpus: str | None, cpu: bool) -> list[str]:

@@ -1,9 +1,12 @@
-"""uvicorn's HTTP protocol with Nagle's algorithm off on every accepted TCP connection.
+"""uvicorn's HTTP protocol (the httptools C parser) with Nagle's algorithm off on every
+accepted TCP connection.
 
 ``serve --workers N`` (N > 1) hands the API processes a listening socket made by
 uvicorn's supervisor with protocol number 0, and asyncio sets ``TCP_NODELAY`` only on
 sockets whose protocol is ``IPPROTO_TCP``. Without it a keep-alive client waited for the
 peer's delayed ACK (~40 ms) on every request (measured: 45 ms against 1.4 ms a request).
+httptools rather than h11 (pure Python): 0.2 ms less CPU a request (``GET /v1/jobs/{id}``
+1.4 -> 1.2 ms, ``/healthz`` 0.65 -> 0.45 ms; bench/service_latency.py, docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["NoDelayH11Protocol"]
+__all__ = ["NoDelayHttpToolsProtocol"]
 
 
-class NoDelayH11Protocol(H11Protocol):
-    """:class:`~uvicorn.protocols.http.h11_impl.H11Protocol` that sets ``TCP_NODELAY``."""
+class NoDelayHttpToolsProtocol(HttpToolsProtocol):
+    """:class:`~uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` that sets
+    ``TCP_NODELAY``."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sock = transport.get_extra_info("socket")
