@@ -202,7 +202,8 @@ def jobs_page(request: Request, session: SessionDep, settings: SettingsDep,
     return render(request, "jobs.html", {
         **base_context(request, user, "jobs"), **ctx, "statuses": STATUS_FILTERS, "kinds": KIND_FILTERS,
         "models": list_models(), "datasets": datasets, "gpu_choices": GPU_COUNTS,
-        "default_gpus": settings.default_gpus, "before": before,
+        "default_gpus": settings.default_gpus, "max_nodes": settings.max_nodes,
+        "before": before,
         "prefill": prefill(session, settings, user, train_from)})
 
 

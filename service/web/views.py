@@ -262,7 +262,8 @@ def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
              ) -> dict[str, Any] | None:
     """The submit form's values from a finished tune job (``?train_from=<id>``): kind train,
     its model and dataset (the dataset's id when it is one of the user's), GPUs, and its
-    recommended parameter set (epochs, imgsz and batch in their fields, the rest as YAML)."""
+    recommended parameter set (epochs, imgsz and batch in their fields, the rest as YAML);
+    nodes 1 (a tune job runs on one device)."""
     if not job_id:
         return None
     job = job_store.get_owned(session=session, job_id=job_id, user=user)
@@ -275,7 +276,8 @@ def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
     data = session.scalar(select(Dataset.id).where(Dataset.path == job.data,
                                                    Dataset.owner_id == job.owner_id)) or job.data
     basic = {k: params.pop(k) for k in ("epochs", "imgsz", "batch") if k in params}
-    return {"job_id": job.id, "model": model, "data": data, "gpus": job.gpus, "basic": basic,
+    return {"job_id": job.id, "model": model, "data": data, "gpus": job.gpus, "nodes": job.nodes,
+            "basic": basic,
             "yaml": yaml.safe_dump(params, sort_keys=True).strip() if params else "",
             "recommended": (tune.get("recommended") or {}).get("label")}
 

@@ -102,6 +102,7 @@ def test_submit_from_the_form_then_watch_log_and_curves(web, stack, shot, data_y
     with client(stack.url, token) as c:
         job = c.get(f"/v1/jobs/{job_id}").json()
     assert job["params"] == {"epochs": 4, "lr0": 0.02, "mosaic": 0.5}
+    assert job["nodes"] == 1  # the Nodes field's default
     shot(page, "jobs-submitted")
 
     stack.run(job_id, FAKE_EPOCH_S="1.2", FAKE_STEPS="3")
@@ -191,9 +192,16 @@ def test_validation_errors_next_to_their_field(web, stack, shot, data_yaml):
     expect(page.locator("#data-error")).to_contain_text("does not exist")
 
     page.get_by_label("Dataset").fill(data_yaml)
+    page.get_by_label("Nodes").fill("17")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.locator("#nodes-error")).to_contain_text("max_nodes=16")
+    expect(page.get_by_label("Nodes")).to_be_focused()
+
+    page.get_by_label("Nodes").fill("1")
     page.get_by_label("Model").fill("yolo9-zz")
     page.get_by_role("button", name="Submit job").click()
     expect(page.locator("#model-error")).to_be_visible()
+    expect(page.locator("#nodes-error")).to_be_hidden()
     with client(stack.url, token) as c:
         assert c.get("/v1/jobs").json()["data"] == []  # nothing was queued
     # the API's 422 responses are logged by Chromium as failed resource loads

@@ -13,7 +13,8 @@
   // error slot -> control that gets aria-invalid and focus
   const CONTROLS = {
     kind: 'input[name="kind"]', model: '#f-model', data: '#f-data', epochs: '#f-epochs',
-    imgsz: '#f-imgsz', batch: '#f-batch', gpus: '#f-gpus', params: '#f-params',
+    imgsz: '#f-imgsz', batch: '#f-batch', gpus: '#f-gpus', nodes: '#f-nodes',
+    params: '#f-params',
   };
   const BASIC = ['epochs', 'imgsz', 'batch'];
 
@@ -109,6 +110,7 @@
         model: value('model'),
         data: value('data'),
         gpus: Number(value('gpus') || 0),
+        nodes: Number(value('nodes') || 1),
         params: params,
       };
       const resp = await L.request('POST', '/v1/jobs', body);
