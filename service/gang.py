@@ -5,7 +5,7 @@ A job with ``nodes: N`` runs as one torchrun world across N workers. While it is
 slot (:func:`take_slot`, node ranks 0..N-1, the lowest free first), and the claim that
 takes the last slot starts the job (:func:`start_gang`: the ``claim`` transition,
 ``attempt += 1``, the job's lease to node 0's worker, and a ``status`` event naming every
-node's worker and the world size). Node 0's worker publishes the c10d rendezvous endpoint
+node's worker and the world size). Node 0's worker publishes the rendezvous endpoint
 (its ``addr:port``) in its slot; the others read it from there.
 
 Every slot has a lease its worker renews: a short one while it waits
@@ -58,8 +58,8 @@ def world_size(nodes: int, gpus: int, procs: int) -> int:
 @dataclass(frozen=True)
 class NodeAddress:
     """Where a worker is reached: ``host`` (its name, for people), ``addr`` (the setting
-    ``worker_addr``) and ``port``, a free TCP port on ``addr`` (used as the c10d
-    rendezvous port when the worker gets node 0)."""
+    ``worker_addr``) and ``port``, a free TCP port on ``addr`` (node 0's worker hosts
+    torchrun's rendezvous store on it)."""
 
     host: str
     addr: str

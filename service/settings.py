@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     worker_addr: str = Field(
         "127.0.0.1", min_length=1, max_length=200, description="the address other hosts "
         "reach this worker at (LIBREYOLO_WORKER_ADDR): node 0 of a multi-node job hosts the "
-        "c10d rendezvous there and its ranks talk from it. Set it to the host's private "
+        "torchrun rendezvous there and its ranks talk from it. Set it to the host's private "
         "network address on every worker host of a multi-node pool")
     max_nodes: int = Field(16, ge=1, le=256, description="the most nodes one job may ask for")
     gang_wait_s: float = Field(

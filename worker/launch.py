@@ -6,14 +6,14 @@ libreyolo_core.cli train spec=<job.json>`` (torchrun, whose stop by SIGTERM ends
 line and exit 143 instead of a traceback; ``--standalone`` picks a free rendezvous port, so
 two jobs on one host do not collide).
 
-One node of a multi-node job (:class:`NodeLaunch`): the same torchrun with ``--nnodes``
-and the c10d rendezvous at node 0's published endpoint (``--rdzv-id`` is the job and
-attempt, so two attempts never meet); node 0's agent hosts the rendezvous store
-(``is_host=1``), and every agent talks from its worker's address (``--local-addr``). With
-c10d the rendezvous numbers the agents itself (``--node-rank`` applies to the static
-backend only, so it is not passed): the global ranks of a node need not follow its slot
-number, which changes nothing in the run (the rank, not the host, decides its data shard
-and seed).
+One node of a multi-node job (:class:`NodeLaunch`): the same torchrun with ``--nnodes``,
+``--node-rank`` (the node's slot) and torchrun's static rendezvous at node 0's published
+endpoint: node 0's agent hosts the TCP store there and waits for the others (at most
+``join_timeout_s``); ``--rdzv-id`` is the job and attempt. The static backend keeps
+torch's node order equal to the slots, so global rank 0, the rank that logs, writes
+events and checkpoints, runs on node 0, whose log is the job's log. (c10d's rendezvous
+numbers the agents by their address and pid instead and ignores ``--node-rank``: rank 0
+landed on node 1 in most 2-node runs, and ``GET /v1/jobs/{id}/logs`` showed no training.)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ __all__ = ["CommandBuilder", "NodeLaunch", "build_command", "build_env", "job_sp
 @dataclass(frozen=True)
 class NodeLaunch:
     """One node of a multi-node job: ``nnodes`` in the world, this node's ``node_rank``
-    (its slot), node 0's c10d ``endpoint`` (``addr:port``), the rendezvous ``run_id``
+    (its slot), node 0's rendezvous ``endpoint`` (``addr:port``), the rendezvous ``run_id``
     (``<job id>-<attempt>``), this worker's ``local_addr`` and how long the agents wait
     for each other (``join_timeout_s``)."""
 
@@ -48,10 +48,9 @@ class NodeLaunch:
 
     def torchrun_args(self) -> list[str]:
         """The torchrun flags of this node."""
-        return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}",
-                f"--rdzv-conf=is_host={int(self.node_rank == 0)},"
-                f"join_timeout={max(1, int(self.join_timeout_s))}",
+        return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}",
+                "--rdzv-backend=static", f"--rdzv-endpoint={self.endpoint}",
+                f"--rdzv-id={self.run_id}", f"--rdzv-conf=timeout={max(1, int(self.join_timeout_s))}",
                 f"--local-addr={self.local_addr}", "--max-restarts=0"]
 
 

@@ -140,7 +140,7 @@ class JobNode(Base):
     A worker takes a slot while the job is still ``queued`` (the gang gathers); the claim
     that takes the last of the job's ``nodes`` slots starts the job. ``attempt`` is the
     attempt the slot serves (the job's ``attempt`` once it runs). Node 0's worker hosts the
-    c10d rendezvous at ``addr:port`` and holds the job's own lease; every slot has its own
+    torchrun rendezvous at ``addr:port`` and holds the job's own lease; every slot has its own
     lease, renewed by its worker. ``exit_code`` / ``stop`` / ``detail`` are written when the
     node's engine exits (``stop``: why its worker stopped it, e.g. ``worker shutdown``;
     ``detail``: the last lines of its log).

@@ -134,6 +134,8 @@ def test_two_node_job_trains_like_two_ranks_on_one_node(stack, data, tmp_path):
     assert len({n["worker"] for n in job["node_workers"]}) == 2
     assert statuses[0]["data"]["world_size"] == 2 and len(statuses[0]["data"]["nodes"]) == 2
     assert [e["world_size"] for e in multi if e["event"] == "run_start"] == [2]
+    # global rank 0 (the rank that logs) runs on node 0, whose log is the job's log
+    assert "epoch 2/2" in logs, logs[-3000:]
     assert multi == engine_lines(stack.settings.artifact_root / two_nodes / "run")
     got, want = epoch_losses(multi), epoch_losses(single)
     assert len(got) == len(want) == 2

@@ -17,7 +17,7 @@ from service.lifecycle import CLAIM, REQUEST_CANCEL
 from service.ops import transition
 from service.reaper import reap_once
 from service.storage import ArtifactStore
-from worker.launch import build_command, build_env, job_spec
+from worker.launch import NodeLaunch, build_command, build_env, job_spec
 from worker.runner import run_job
 
 
@@ -52,6 +52,15 @@ def test_launch_command_and_env(tmp_path):
     assert build_command(spec, 4, s) == [
         "/py", "-m", "libreyolo_core.distributed.torchrun", "--standalone", "--nproc_per_node=4",
         "-m", "libreyolo_core.cli", "train", f"spec={spec}"]
+    # one node of a multi-node job: the static rendezvous at node 0's endpoint, with this
+    # node's slot as torch's node rank (global rank 0 then runs on node 0)
+    node = NodeLaunch(nnodes=2, node_rank=1, endpoint="10.0.0.2:29400", run_id="j1-2",
+                      local_addr="10.0.0.3", join_timeout_s=120)
+    assert build_command(spec, 2, s, node) == [
+        "/py", "-m", "libreyolo_core.distributed.torchrun", "--nnodes=2", "--node-rank=1",
+        "--rdzv-backend=static", "--rdzv-endpoint=10.0.0.2:29400", "--rdzv-id=j1-2",
+        "--rdzv-conf=timeout=120", "--local-addr=10.0.0.3", "--max-restarts=0",
+        "--nproc-per-node=2", "-m", "libreyolo_core.cli", "train", f"spec={spec}"]
     assert build_env(["2", "3", "5"], 2, {})["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert build_env(["0"], 0, {})["CUDA_VISIBLE_DEVICES"] == ""
     spec_d = job_spec(kind="train", model="yolo9-t", data="/d.yaml", params={"epochs": 1},
