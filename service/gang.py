@@ -329,7 +329,8 @@ def lost_nodes(session: Session, *, job_id: str, attempt: int, now: datetime | N
         if n.exit_code is not None and (n.exit_code != 0 or n.stop):
             why = f"its engine {'was stopped (' + n.stop + ')' if n.stop else 'failed'}, " \
                   f"exit code {n.exit_code}"
-            last = [ln for ln in (n.detail or "").splitlines() if ln.strip()]
+            # lines with a word in them: torchrun's failure report ends with a rule of '='
+            last = [ln for ln in (n.detail or "").splitlines() if any(c.isalnum() for c in ln)]
             if last and not n.stop:
                 why += f"; its log ends: {last[-1].strip()[:300]}"
             out.append((n, why))

@@ -316,11 +316,15 @@ def test_lost_nodes_a_failed_engine_or_an_expired_node_lease(settings, sessions,
         s.commit()
         [(two, why)] = lost_nodes(s, job_id=job, attempt=1)
         assert (two.node_rank, two.worker, why) == (2, "w2", "its node lease expired (worker lost)")
+        # torchrun's failure report ends with a rule: the reason quotes the line above it
+        report = ("  exitcode  : -9 (pid: 18585)\n"
+                  "  traceback : Signal 9 (SIGKILL) received by PID 18585\n" + "=" * 60 + "\n")
         s.execute(update(JobNode).where(JobNode.job_id == job, JobNode.node_rank == 1)
-                  .values(exit_code=1))
+                  .values(exit_code=1, detail=report))
         s.commit()
         assert [(n.node_rank, why) for n, why in lost_nodes(s, job_id=job, attempt=1)] == \
-            [(1, "its engine failed, exit code 1; its log ends: done"),
+            [(1, "its engine failed, exit code 1; its log ends: traceback : Signal 9 "
+                 "(SIGKILL) received by PID 18585"),
              (2, "its node lease expired (worker lost)")]
         store = ArtifactStore(settings.artifact_root)
         assert node_lost(session=s, job_id=job, worker_id="w1", reason="x", progress=None,
