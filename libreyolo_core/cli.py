@@ -25,6 +25,9 @@ from typing import Any
 
 from libreyolo_core.records.job import JOB_KINDS, JobSpec
 
+#: Python's own warning format (dataset warnings get a shorter one, see :func:`main`)
+_python_format_warning = warnings.formatwarning
+
 __all__ = ["main", "parse_args", "UsageError"]
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_DATA, EXIT_MODEL, EXIT_SIGTERM = 0, 1, 2, 3, 4, 143
@@ -400,9 +403,22 @@ def _exit_for(exc: Exception) -> int:
     return EXIT_RUNTIME
 
 
+def _format_warning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, line: str | None = None) -> str:
+    """A dataset warning as one ``warning: ...`` line (it names the file and line of the
+    data at fault; the source line that raised it means nothing to a user); others as
+    Python formats them."""
+    from libreyolo_core.data.report import DatasetWarning  # loaded by whatever warned
+
+    if issubclass(category, DatasetWarning):
+        return f"warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point of ``libreyolo``."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    warnings.formatwarning = _format_warning
     sys.exit(run(sys.argv[1:] if argv is None else argv))
 
 

@@ -121,3 +121,16 @@ def test_the_installed_libreyolo_command_is_ours():
     out = subprocess.run([str(script), "help"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "libreyolo_core" in script.read_text() and "train" in out.stdout
+
+
+def test_dataset_warnings_print_as_one_line():
+    """A dataset warning in the engine's log is one ``warning:`` line naming the data at
+    fault, without Python's source file, line and code of the scanner."""
+    from libreyolo_core.cli import _format_warning
+    from libreyolo_core.data import DatasetWarning
+
+    text = "/d/labels/a.txt:5: 4 values; expected 5 (cls cx cy w h); line dropped"
+    assert _format_warning(DatasetWarning(text), DatasetWarning, "/x/scan.py", 253) == \
+        f"warning: {text}\n"
+    other = _format_warning(UserWarning("careful"), UserWarning, "/x/m.py", 7, "warn()")
+    assert other.startswith("/x/m.py:7: UserWarning: careful")
