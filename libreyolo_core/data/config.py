@@ -114,6 +114,9 @@ def load_data_config(path: str | Path) -> DataConfig:
         doc = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise DataConfigError(f"{yaml_path}: not valid YAML: {e}") from e
+    if doc is None:
+        raise DataConfigError(f"{yaml_path}: the file is empty (expected keys path, train, "
+                              "val, names)")
     if not isinstance(doc, dict):
         raise DataConfigError(f"{yaml_path}: top level must be a mapping, got {type(doc).__name__}")
 

@@ -103,6 +103,8 @@ def test_missing_yaml_and_bad_yaml(tmp_path: Path) -> None:
         load_data_config(_yaml(tmp_path, "train: [unclosed\n"))
     with pytest.raises(DataConfigError, match="top level must be a mapping"):
         load_data_config(_yaml(tmp_path, "- a\n- b\n"))
+    with pytest.raises(DataConfigError, match="the file is empty"):
+        load_data_config(_yaml(tmp_path, "# nothing yet\n"))
 
 
 def test_yaml_is_safe_loaded(tree: Path) -> None:
