@@ -367,6 +367,19 @@ def _record_error(code: int, exc: BaseException) -> None:
         json.dump(record, fh)
 
 
+#: what Gloo and NCCL say when a collective fails because another rank went away
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer",
+             "NCCL communicator was aborted")
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """True when ``exc`` is a collective that failed because another rank of the process
+    group (``WORLD_SIZE`` > 1) went away: its traceback says nothing about the cause."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not isinstance(exc, RuntimeError):
+        return False
+    return any(text in str(exc) for text in PEER_LOST)
+
+
 def _exit_for(exc: Exception) -> int:
     from libreyolo_core.data.config import DataConfigError
     from libreyolo_core.data.report import DatasetError
@@ -396,6 +409,10 @@ def _exit_for(exc: Exception) -> int:
         return EXIT_MODEL
     if isinstance(exc, FileNotFoundError):
         return EXIT_DATA
+    if _peer_lost(exc):  # a consequence: the rank or node that went away says why
+        print("error: a peer of the process group went away (another rank or node stopped; "
+              "its own log says why)", file=sys.stderr)
+        return EXIT_RUNTIME
     logging.getLogger(__name__).debug("traceback", exc_info=exc)
     import traceback
 

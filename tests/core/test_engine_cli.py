@@ -134,3 +134,23 @@ def test_dataset_warnings_print_as_one_line():
         f"warning: {text}\n"
     other = _format_warning(UserWarning("careful"), UserWarning, "/x/m.py", 7, "warn()")
     assert other.startswith("/x/m.py:7: UserWarning: careful")
+
+
+def test_a_lost_peer_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """Under DDP, a rank whose collective failed because another rank or node went away
+    prints one line (the rank that went away says why) and exits 1; the same error in a
+    one-process run, and any other error, keeps its traceback."""
+    from libreyolo_core.cli import EXIT_RUNTIME, _exit_for
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                        "closed by peer [127.0.0.1]:38613")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _exit_for(gloo) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert "a peer of the process group went away" in err and "RuntimeError" not in err
+    # (an exception never raised has no frames: print_exception prints its last line)
+    assert _exit_for(RuntimeError("shape mismatch")) == EXIT_RUNTIME
+    assert "RuntimeError: shape mismatch" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _exit_for(gloo) == EXIT_RUNTIME
+    assert "RuntimeError: [../third_party/gloo" in capsys.readouterr().err
