@@ -436,7 +436,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point of ``libreyolo``."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     warnings.formatwarning = _format_warning
-    sys.exit(run(sys.argv[1:] if argv is None else argv))
+    code = run(sys.argv[1:] if argv is None else argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a DDP rank (torchrun)
+        from libreyolo_core.distributed.context import exit_rank
+
+        exit_rank(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

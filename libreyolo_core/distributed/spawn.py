@@ -108,7 +108,7 @@ def _visible_devices(cuda_ids: list[int] | None):
 def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights: str | None,
             callbacks: dict[str, list[Callable]] | None, result_path: str) -> None:
     """One spawned rank: torchrun variables, the model from ``weights``, the trainer."""
-    from libreyolo_core.distributed.context import destroy_distributed
+    from libreyolo_core.distributed.context import destroy_distributed, exit_rank
     from libreyolo_core.engine.trainer import Trainer, TrainingInterrupted
     from libreyolo_core.models.registry import parse_model_name
     from libreyolo_core.weights.load import build_from_state
@@ -131,6 +131,8 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
         destroy_distributed()
     if rank == 0:
         Path(result_path).write_text(json.dumps(result, default=str), encoding="utf-8")
+    exit_rank(0)  # not the interpreter's teardown (see exit_rank); an error above takes
+    # torch's path: its traceback to the parent, exit 1
 
 
 def spawn_train(
