@@ -437,7 +437,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     warnings.formatwarning = _format_warning
     code = run(sys.argv[1:] if argv is None else argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a DDP rank (torchrun)
+    if code == EXIT_OK and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # a DDP rank (torchrun) that finished: not the interpreter's teardown (exit_rank).
+        # Failures keep the slower exit: a rank that left at once made torchrun stop the
+        # others before rank 0 had printed the error they all had.
         from libreyolo_core.distributed.context import exit_rank
 
         exit_rank(code)

@@ -222,7 +222,8 @@ def destroy_distributed() -> None:
 
 
 def exit_rank(code: int) -> NoReturn:
-    """End a DDP rank process with ``code``, without the interpreter's teardown.
+    """End a DDP rank process that finished its run with ``code``, without the
+    interpreter's teardown (a failed rank exits the usual way: see ``libreyolo_core.cli``).
 
     After a finished run, the process group's C++ threads can still be alive when the
     interpreter destroys its statics, and the rank dies of ``std::terminate`` ("terminate
