@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -263,42 +263,36 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
     return status
 
 
-def _wake_owner(sessions: sessionmaker[Session], owner_id: str, send: Any) -> None:
-    """One of ``owner_id``'s jobs ended: send a wake-up for each queue holding their queued
-    jobs (the cap may have held them back; a spare message is dropped harmlessly)."""
+def _send_wakeups(sessions: sessionmaker[Session], targets: Callable[[Session], list],
+                 send: Any, what: str) -> None:
+    """Send the wake-ups ``targets(session)`` lists (``(job id, queue, priority)``
+    tuples); a failure is logged, not raised (the reaper re-sends), ``what`` names them."""
     try:
         with sessions() as s:
-            targets = wake_targets(s, owner_id)
-        for target in targets:
+            found = targets(s)
+        for target in found:
             send(*target)
     except Exception:
-        log.exception("could not send wake-ups for user %s (the reaper re-sends)", owner_id)
+        log.exception("could not send wake-ups for %s (the reaper re-sends)", what)
+
+
+def _wake_owner(sessions: sessionmaker[Session], owner_id: str, send: Any) -> None:
+    """One of ``owner_id``'s jobs ended: a wake-up for each queue holding their queued
+    jobs (the cap may have held them back; a spare message is dropped harmlessly)."""
+    _send_wakeups(sessions, lambda s: wake_targets(s, owner_id), send, f"user {owner_id}")
 
 
 def _wake_gang(sessions: sessionmaker[Session], queue: str, send: Any) -> None:
-    """A node of a multi-node job ended: wake a worker for the queue's gathering
-    multi-node job, if any (its wake-ups may sit with workers that were busy)."""
-    try:
-        with sessions() as s:
-            row = s.execute(select(Job.id, Job.priority).where(
-                Job.queue == queue, Job.status == JobStatus.QUEUED, Job.nodes > 1)
-                .order_by(Job.priority.desc(), Job.id).limit(1)).first()
-        if row is not None:
-            send(row[0], queue, row[1])
-    except Exception:
-        log.exception("could not send a wake-up for queue %s (the reaper re-sends)", queue)
+    """A node of a multi-node job ended: one wake-up for the queue's best queued multi-node
+    job, if any (its wake-ups may sit with workers that were busy)."""
+    _send_wakeups(sessions, lambda s: wake_gangs(s, [queue], limit=1)[:1], send,
+                 f"queue {queue}")
 
 
 def wake_gangs_on(sessions: sessionmaker[Session], queues: Sequence[str], send: Any) -> None:
-    """This worker just came online: send a wake-up per node of each queued multi-node job
-    of ``queues`` (:func:`service.scheduler.wake_gangs`)."""
-    try:
-        with sessions() as s:
-            targets = wake_gangs(s, queues)
-        for target in targets:
-            send(*target)
-    except Exception:
-        log.exception("could not send wake-ups for queues %s (the reaper re-sends)", queues)
+    """This worker just came online: a wake-up per node of each queued multi-node job of
+    ``queues`` (:func:`service.scheduler.wake_gangs`)."""
+    _send_wakeups(sessions, lambda s: wake_gangs(s, queues), send, f"queues {list(queues)}")
 
 
 def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker[Session],
