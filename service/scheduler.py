@@ -362,8 +362,9 @@ def wake_gangs(session: Session, queues: Sequence[str],
                limit: int = WAKE_GANGS) -> list[tuple[str, str, int]]:
     """``(job id, queue, priority)``, one per node of each queued multi-node job of
     ``queues`` (at most ``limit`` jobs per queue, best priority first): the wake-ups a worker
-    sends when it comes online. A claim passes over a gang larger than the queue's live
-    workers, which uses up that gang's messages; a worker joining may make it gatherable."""
+    sends when it comes online (a claim passes over a gang larger than the queue's live
+    workers, which uses up that gang's messages; a worker joining may make it gatherable),
+    and, the first one only, when a node of a multi-node job ends."""
     out: list[tuple[str, str, int]] = []
     for queue in queues:
         rows = session.execute(
