@@ -41,7 +41,7 @@ COMMAND_KEYS: dict[str, set[str]] = {
     "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json"},
     "predict": {"model", "source", "conf", "iou", "imgsz", "max_det", "device", "json"},
     "cfg": set(),  # any training key: the schema checks them
-    "checks": {"data", "json"},
+    "checks": {"data", "json", "cache_dir"},
     "info": {"model", "imgsz"},
     "version": set(),
 }
@@ -242,7 +242,7 @@ def cmd_checks(keys: dict[str, Any]) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                report = scan_split(dc, split)
+                report = scan_split(dc, split, cache_dir=keys.get("cache_dir") or None)
             except DatasetError as exc:
                 report, ok = None, False
                 print(f"[{split}] error: {exc}")

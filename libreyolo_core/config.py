@@ -191,6 +191,8 @@ class TrainConfig(BaseModel):
     no_aug_epochs: int = Field(15, ge=0, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
     cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
+    cache_dir: str | None = Field(None, description="folder of the label-scan and disk image caches "
+                                  "(by content); None: next to the labels and images")
     # -- precision and speed ---------------------------------------------------------
     amp: bool = Field(True, description="mixed precision on CUDA (ignored on CPU)")
     amp_dtype: Literal["float16", "bfloat16"] = Field("float16", description="autocast dtype")

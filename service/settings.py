@@ -47,6 +47,9 @@ class Settings(BaseSettings):
                               description="dataset uploads; default <home>/datasets")
     model_root: Path = Field(default_factory=lambda data: Path(data["home"]) / "models",
                              description="registered weights files; default <home>/models")
+    cache_root: Path = Field(default_factory=lambda data: Path(data["home"]) / "cache",
+                             description="label-scan and image caches of jobs, by content (a job "
+                             "never writes into a dataset folder); default <home>/cache")
     credentials_path: Path = Field(
         Path("~/.config/libreyolo/credentials"),
         description="where `up` saves the admin token for the SDK (JSON, mode 600)",
@@ -166,6 +169,7 @@ class Settings(BaseSettings):
         self.artifact_root = self.artifact_root.expanduser().resolve()
         self.upload_root = self.upload_root.expanduser().resolve()
         self.model_root = self.model_root.expanduser().resolve()
+        self.cache_root = self.cache_root.expanduser().resolve()
         self.dataset_roots = [r.expanduser().resolve() for r in self.dataset_roots]
         self.credentials_path = self.credentials_path.expanduser()
         if self.heartbeat_s >= self.lease_s:

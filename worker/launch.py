@@ -115,15 +115,19 @@ def build_env(gpu_ids: Sequence[str] | None, gpus: int,
 
 def job_spec(*, kind: str, model: str, data: str, params: Mapping[str, Any], gpus: int,
              job_dir: Path, resume: str | bool,
-             options: Mapping[str, Any] | None = None) -> JobSpec:
+             options: Mapping[str, Any] | None = None,
+             cache_dir: Path | None = None) -> JobSpec:
     """The job's :class:`~libreyolo_core.records.job.JobSpec`: the engine's run dir is
-    ``<job dir>/run``.
+    ``<job dir>/run``; ``cache_dir`` (the setting ``cache_root``) holds its label-scan
+    and image caches, so the engine never writes into the dataset's folders.
 
     A CPU job gets ``params.device = "cpu"``; GPU jobs keep the engine's ``auto``
     (ranks pick ``local_rank`` among ``CUDA_VISIBLE_DEVICES``). A tune job's options go in
     ``tune`` (the engine's ``TuneOptions``).
     """
     p = dict(params)
+    if cache_dir is not None:
+        p["cache_dir"] = str(cache_dir)
     if gpus == 0:
         p["device"] = "cpu"
     return JobSpec(kind=kind, model=model, data=data, params=p, project=str(job_dir),

@@ -44,6 +44,7 @@ from service.ops import append_events
 from service.scheduler import wake_gangs, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
+from service.storage.roots import data_refusal
 from worker import nodes
 from worker.launch import CommandBuilder, NodeLaunch, build_command, build_env, job_spec, world_size
 from worker.outcome import (
@@ -313,8 +314,16 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
+    refused = data_refusal(job.data, settings)  # the yaml may have changed since the submit
+    if refused is not None:
+        if claim.node_rank:
+            return f"node {claim.node_rank}: {refused}"
+        run.finish(JobStatus.FAILED, result=None, error={"reason": refused, "exit_code": None},
+                   event={"reason": "data refused"})
+        return JobStatus.FAILED
     spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
-                    gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options)
+                    gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options,
+                    cache_dir=settings.cache_root)
     spec_path, log_path, error_file = nodes.node_files(run.job_dir, claim.node_rank)
     spec.write(spec_path)
     launch: NodeLaunch | None = None

@@ -25,6 +25,7 @@ workers (set them BEFORE creating the epoch's iterator, i.e. before ``iter(loade
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import warnings
@@ -70,6 +71,9 @@ class YOLODataset(Dataset):
             (``<image>.<S>.npy`` next to each image, written on first use, reused while newer
             than the image; a read-only folder disables it with one warning).
         seed, rank: part of every sample's random seed (see module docstring).
+        cache_dir: with ``cache="disk"``, keep the ``.npy`` files in
+            ``<cache_dir>/images/`` (named by the image's path, size and mtime) instead of
+            next to the images: nothing is written into the dataset's folders.
 
     Raises:
         ValueError: empty records, ``imgsz < 32`` or a bad ``cache`` value.
@@ -84,7 +88,9 @@ class YOLODataset(Dataset):
         cache: CacheMode | bool | str | None = False,
         seed: int = 0,
         rank: int = 0,
+        cache_dir: str | Path | None = None,
     ) -> None:
+        self.cache_dir = None if cache_dir is None else Path(cache_dir) / "images"
         if isinstance(records_or_report, ScanReport):
             self.records = list(records_or_report.records)
             self.names: dict[int, str] | None = dict(records_or_report.names)
@@ -176,10 +182,21 @@ class YOLODataset(Dataset):
 
     def _disk_path(self, i: int) -> Path:
         f = self.records[i].im_file
+        if self.cache_dir is not None:
+            try:
+                st = f.stat()
+                stamp = f"{st.st_size}\0{st.st_mtime_ns}"
+            except OSError:
+                stamp = ""
+            key = hashlib.sha256(f"{os.path.realpath(f)}\0{stamp}".encode()).hexdigest()[:40]
+            return self.cache_dir / f"{key}.{self.imgsz}.npy"
         return f.with_name(f"{f.name}.{self.imgsz}.npy")
 
     def _disk_writable(self) -> bool:
-        dirs = sorted({str(r.im_file.parent) for r in self.records})
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        dirs = [str(self.cache_dir)] if self.cache_dir is not None else \
+            sorted({str(r.im_file.parent) for r in self.records})
         bad = [d for d in dirs if not writable_dir(Path(d))]
         if bad:
             warnings.warn(

@@ -165,6 +165,7 @@ def scan_images(
     *,
     source: str | None = None,
     workers: int | None = None,
+    cache_dir: str | Path | None = None,
 ) -> ScanReport:
     """Scan images and their label files; fix/drop defects; report and cache the result.
 
@@ -177,6 +178,9 @@ def scan_images(
             without the cache either way.
         source: what the files are, for messages (``"coco.yaml: split 'train'"``).
         workers: threads for header reads (default ``min(16, 2 * cpu_count)``).
+        cache_dir: keep the cache in this folder, named by its content key
+            (:func:`~libreyolo_core.data.scan_cache.cache_path`), instead of next to the
+            labels: nothing is written into the dataset's folders.
 
     Returns:
         A :class:`ScanReport`. Each defect is also emitted as a :class:`DatasetWarning`
@@ -194,8 +198,8 @@ def scan_images(
     label_files = [label_path_for(f) for f in im_files]
     nc = len(names)
 
-    cache_file = cache_path(label_files) if cache else None
     key = cache_key(im_files, label_files, nc) if cache else None
+    cache_file = cache_path(label_files, cache_dir, key) if cache else None
     report = load_cache(cache_file, key, names, im_files, label_files) if cache_file else None
     if report is None:
         report = _scan(im_files, label_files, names, workers)
@@ -243,14 +247,17 @@ def scan_images(
     return report
 
 
-def scan_split(cfg: DataConfig, split: str, cache: bool = True) -> ScanReport:
-    """:func:`scan_images` on split ``split`` of a loaded dataset YAML.
+def scan_split(cfg: DataConfig, split: str, cache: bool = True,
+               cache_dir: str | Path | None = None) -> ScanReport:
+    """:func:`scan_images` on split ``split`` of a loaded dataset YAML (``cache_dir``: see
+    :func:`scan_images`).
 
     Raises:
         DataConfigError: the split is not defined in the YAML.
         DatasetError: the split has no usable image (message names the YAML and split).
     """
-    return scan_images(cfg.split(split), cfg.names, cache=cache, source=cfg.describe(split))
+    return scan_images(cfg.split(split), cfg.names, cache=cache, source=cfg.describe(split),
+                       cache_dir=cache_dir)
 
 
 def _scan(

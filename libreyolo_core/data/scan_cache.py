@@ -1,4 +1,6 @@
-"""The label scan's cache: ``<labels dir>.labels.cache`` next to the labels, an ``.npz``
+"""The label scan's cache: ``<labels dir>.labels.cache`` next to the labels (or, with a
+``cache_dir``, ``<cache_dir>/labels/<content key>.labels.cache``: a service keeps every
+cache in a folder of its own and never writes into a dataset folder), an ``.npz``
 of the report (shapes, boxes, counts, warnings), reused while no image or label file
 changed size or mtime and the parsing rules (:data:`CACHE_VERSION`, ``nc``, the
 coordinate tolerance) are the same. Never trusted blindly: a stale, foreign or corrupt
@@ -46,9 +48,18 @@ def writable_dir(path: Path) -> bool:
     return stat.S_ISDIR(mode) and bool(mode & 0o222) and os.access(path, os.W_OK | os.X_OK)
 
 
-def cache_path(label_files: list[Path]) -> Path:
+def cache_path(label_files: list[Path], cache_dir: str | Path | None = None,
+               key: str | None = None) -> Path:
     """Where the cache of a split with these label files lives:
-    ``<their common folder>.labels.cache``."""
+    ``<their common folder>.labels.cache``; with ``cache_dir`` (and the split's
+    :func:`cache_key`), ``<cache_dir>/labels/<key>.labels.cache``, keyed by the content
+    (every image and label path, size and mtime) instead of by the dataset's folder."""
+    if cache_dir is not None:
+        if key is None:
+            raise ValueError("cache_path: a cache_dir needs the split's cache key")
+        folder = Path(cache_dir) / "labels"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{key[:40]}.labels.cache"
     common = Path(os.path.commonpath([str(p.parent) for p in label_files]))
     return common.with_name(common.name + ".labels.cache")
 

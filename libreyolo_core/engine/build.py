@@ -153,13 +153,14 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:
     """The train split's scan report and the val split's (the train split when the yaml
     has no ``val:``; None unless ``val`` and rank 0)."""
-    train_report = scan_split(data, "train")
+    train_report = scan_split(data, "train", cache_dir=cfg.cache_dir)
     val_split = "val" if data.val else "train"
     if val_split == "train" and cfg.val and main:
         log.warning("%s has no 'val:' split: validating on the train split (its metrics "
                     "overstate what the model does on unseen images)", data.yaml_path)
     # validation runs on rank 0 alone (the others wait), so its metrics are one process's
-    return train_report, (scan_split(data, val_split) if cfg.val and main else None)
+    return train_report, (scan_split(data, val_split, cache_dir=cfg.cache_dir)
+                          if cfg.val and main else None)
 
 
 def _model(cfg: TrainConfig, family: Any, size: str, nc: int, device: torch.device, main: bool,
@@ -180,7 +181,7 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
              rank_batch: int) -> tuple[YOLODataset, Any, Any]:
     """The augmented train set, its loader (each rank its share) and the val loader (or None)."""
     train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
-                            seed=cfg.seed, rank=dist.rank)
+                            seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir)
     visible = math.ceil(len(train_set) / dist.world_size)
     train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
                                     rank=dist.rank, world_size=dist.world_size,
@@ -191,7 +192,8 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
                  visible, rank_batch)
     if val_report is None:
         return train_set, train_loader, None
-    val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache, seed=cfg.seed, rank=0)
+    val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache, seed=cfg.seed, rank=0,
+                          cache_dir=cfg.cache_dir)
     return train_set, train_loader, build_dataloader(val_set, rank_batch, min(cfg.workers, 2),
                                                      shuffle=False, seed=cfg.seed)
 

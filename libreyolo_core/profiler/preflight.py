@@ -399,9 +399,9 @@ def time_validation(cfg: Any, device: Any, batches: int = VAL_BATCHES) -> tuple[
     from libreyolo_core.models.registry import parse_model_name
 
     dc = load_data_config(cfg.data)
-    report = scan_split(dc, "val" if dc.val else "train")
+    report = scan_split(dc, "val" if dc.val else "train", cache_dir=cfg.cache_dir)
     ds = YOLODataset(report, cfg.imgsz, augment=False, cache=cfg.cache,
-                     seed=cfg.seed, rank=0)
+                     seed=cfg.seed, rank=0, cache_dir=cfg.cache_dir)
     loader = build_dataloader(ds, cfg.batch, min(cfg.workers, 2), shuffle=False, seed=cfg.seed)
     total = len(loader)
     n = max(1, min(batches, total))

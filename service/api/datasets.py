@@ -26,8 +26,8 @@ from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
 from service.db.models import Dataset, Job, new_id
 from service.lifecycle import TERMINAL
 from service.settings import Settings
-from service.storage.roots import path_refusal
-from service.storage.zipsafe import UnsafeZipError, check_dataset_yaml, extract_zip
+from service.storage.roots import PathRefused, ReadRule, check_dataset
+from service.storage.zipsafe import UnsafeZipError, extract_zip
 from service.users import owns
 
 __all__ = ["router"]
@@ -55,7 +55,7 @@ def _scan(yaml_path: Path, settings: Settings) -> dict[str, Any]:
     try:
         proc = subprocess.run(
             [settings.engine_python, "-m", "libreyolo_core.cli", "checks",
-             f"data={yaml_path}", "json=true"],
+             f"data={yaml_path}", "json=true", f"cache_dir={settings.cache_root}"],
             capture_output=True, text=True, timeout=600, env=env, cwd=yaml_path.parent)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"ok": False, "exit_code": None, "error": str(exc), "splits": {}}
@@ -102,18 +102,27 @@ def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionD
                      settings: SettingsDep) -> DatasetPublic:
     """Register a dataset yaml at a path visible to the workers (shared storage).
 
+    Every path the yaml names or reaches must pass the service's containment rule
+    (:func:`service.storage.roots.check_dataset`): never the service's own folders
+    (another user's uploads among them), under ``dataset_roots`` when set.
+
     Raises:
-        422: ``path`` is not an absolute ``.yaml``/``.yml`` file that exists here.
+        422: ``path`` is not an absolute ``.yaml``/``.yml`` file that exists here, or the
+            dataset reads a path the rule refuses (the detail names the key).
     """
     path = Path(body.path)
     if not path.is_absolute() or path.suffix not in (".yaml", ".yml"):
         raise Problem(422, f"path: {body.path!r} must be an absolute dataset yaml path",
                       field="path")
-    if not path.is_file():
-        raise Problem(422, f"path: {body.path!r} does not exist", field="path")
-    refusal = path_refusal(path, settings)
+    refusal = ReadRule(settings).refusal(path)
     if refusal is not None:
         raise Problem(422, f"path: {refusal}", field="path")
+    if not path.is_file():
+        raise Problem(422, f"path: {body.path!r} does not exist", field="path")
+    try:
+        check_dataset(path, ReadRule(settings), max_yaml_bytes=settings.max_yaml_bytes)
+    except PathRefused as exc:
+        raise Problem(422, f"path: {exc}", field="path") from None
     ds = Dataset(owner_id=user.id, name=body.name, path=str(path), source="register",
                  status="ready", report=None)
     session.add(ds)
@@ -232,8 +241,9 @@ async def upload_dataset(
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, "body: the zip holds no dataset yaml (e.g. data.yaml)", field="body")
     try:
-        check_dataset_yaml(yaml_path, dest, settings.zip_limits())
-    except UnsafeZipError as exc:
+        check_dataset(yaml_path, ReadRule(settings, inside=dest),
+                      max_yaml_bytes=settings.max_yaml_bytes)
+    except PathRefused as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, f"body: {exc}", field="body") from None
     report = _relative(await anyio.to_thread.run_sync(_scan, yaml_path, settings), dest)

@@ -29,7 +29,7 @@ from service.api.problems import Problem
 from service.api.schemas import JobCreate
 from service.db.models import Dataset, Job, User
 from service.job_store import get_owned
-from service.storage.roots import path_refusal
+from service.storage.roots import PathRefused, ReadRule, check_dataset
 from service.users import owns
 
 __all__ = ["GPU_COUNTS", "RESERVED_PARAMS", "resolve_gpus", "validate_params", "resolve_model",
@@ -38,7 +38,8 @@ __all__ = ["GPU_COUNTS", "RESERVED_PARAMS", "resolve_gpus", "validate_params", "
 #: the GPU counts a job may ask for (each has its queue, :func:`service.queue.queue_for`).
 GPU_COUNTS = (0, 1, 2, 4, 8)
 #: params the service sets itself (run directory, resume, devices).
-RESERVED_PARAMS = ("project", "name", "exist_ok", "resume", "device", "data", "model")
+RESERVED_PARAMS = ("project", "name", "exist_ok", "resume", "device", "data", "model",
+                   "cache_dir")
 
 
 def resolve_gpus(body: JobCreate, default_gpus: int, max_nodes: int) -> int:
@@ -203,9 +204,10 @@ def resolve_model(session: Session, user: User, store: Any,
 
 
 def resolve_data(session: Session, user: User, data: str, check: bool, settings: Any) -> str:
-    """Dataset id -> its yaml path; a path must be absolute and allowed by
-    :func:`~service.storage.roots.path_refusal` (dataset roots; never inside the upload or
-    artifact root: uploads are used by id).
+    """Dataset id -> its yaml path; a path must be absolute. Either way the dataset must
+    pass the service's containment rule (:func:`~service.storage.roots.check_dataset`:
+    dataset roots; never the service's own folders: uploads are used by id; a registered
+    yaml is checked again, it may have changed since it was registered).
 
     Raises:
         Problem: 422 naming ``data``: an unknown or another user's dataset id, a dataset
@@ -222,19 +224,33 @@ def resolve_data(session: Session, user: User, data: str, check: bool, settings:
         if ds.status == "invalid":
             raise Problem(422, f"data: dataset {data} ({ds.name}) failed its scan: "
                           f"{_scan_reason(ds.report)}", field="data")
+        _contained(Path(ds.path), ReadRule.for_yaml(settings, ds.path), settings, data)
         return ds.path
     path = Path(data)
     if path.suffix not in (".yaml", ".yml"):
         raise Problem(422, f"data: {data!r} must be a dataset yaml (.yaml/.yml)", field="data")
-    refusal = path_refusal(path, settings)
+    rule = ReadRule(settings)
+    refusal = rule.refusal(path)
     if refusal is not None:
         raise Problem(422, f"data: {refusal}", field="data")
+    if path.is_file():
+        _contained(path, rule, settings, data)
     if check:
         try:
             load_data_config(path)
         except DataConfigError as exc:
             raise Problem(422, f"data: {exc}", field="data") from None
     return data
+
+
+def _contained(path: Path, rule: ReadRule, settings: Any, data: str) -> None:
+    try:
+        check_dataset(path, rule, max_yaml_bytes=settings.max_yaml_bytes)
+    except PathRefused as exc:
+        raise Problem(422, f"data: {exc}", field="data") from None
+    except OSError as exc:
+        raise Problem(422, f"data: cannot read {data!r} ({exc.strerror or exc})",
+                      field="data") from None
 
 
 def _scan_reason(report: dict[str, Any] | None) -> str:

@@ -6,25 +6,21 @@ size, per-member and whole-archive compression ratio, path depth and length
 (:class:`ZipLimits`; every refusal names the limit and its setting). While extracting,
 the bytes actually written are counted too (a lying header cannot inflate past the cap).
 
-After extraction :func:`check_dataset_yaml` bounds the dataset yaml (size, node count:
-no alias bombs) and keeps every path it names (``path:``, the splits, and the entries of
-``.txt`` image lists) inside the upload's own folder, so an upload cannot point at another
-upload's images.
+After extraction the upload endpoint applies the service's one containment rule
+(:func:`service.storage.roots.check_dataset` with the upload's own folder): the yaml is
+bounded (size, node count: no alias bombs) and every path it names stays inside the
+upload, so an upload cannot point at another upload's images.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-import yaml
-
-__all__ = ["UnsafeZipError", "ZipLimits", "check_dataset_yaml", "check_zip", "extract_zip"]
+__all__ = ["UnsafeZipError", "ZipLimits", "check_zip", "extract_zip"]
 
 #: files smaller than this are never flagged by the ratio check (tiny text compresses well).
 RATIO_MIN_BYTES = 1 << 20
@@ -171,86 +167,3 @@ def extract_zip(zf: zipfile.ZipFile, dest: Path, *, max_total_bytes: int | None 
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
-
-
-def _count_nodes(obj: Any, budget: int) -> int:
-    """Values in ``obj`` (shared/aliased values counted at every use); stops past ``budget``."""
-    count, stack = 0, [obj]
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > budget:
-            return count
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
-
-
-def _inside(path: Path, root: Path) -> bool:
-    return Path(os.path.realpath(path)).is_relative_to(root)
-
-
-def check_dataset_yaml(yaml_path: Path, root: Path, limits: ZipLimits | None = None) -> None:
-    """Bound an uploaded dataset yaml and keep every path it names inside ``root``.
-
-    Follows the engine's rules (``libreyolo_core.data.config``): ``path`` relative to the
-    yaml's folder, splits relative to ``path``, ``.txt`` list entries relative to the
-    list's folder. Symlinks are resolved (an upload holds none, but a path may name one).
-
-    Raises:
-        UnsafeZipError: the yaml is too big (``max_yaml_bytes``) or has too many values
-            (an alias bomb), or ``path``, a split or a list entry resolves outside
-            ``root`` (the message names the key and the value).
-    """
-    lim = limits or ZipLimits()
-    root = Path(os.path.realpath(root))
-    name = yaml_path.name
-    size = yaml_path.stat().st_size
-    if size > lim.max_yaml_bytes:
-        raise UnsafeZipError(f"{name}: {size} bytes, more than the limit of {lim.max_yaml_bytes} (max_yaml_bytes)")
-    try:
-        doc = yaml.safe_load(yaml_path.read_text(encoding="utf-8-sig"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UnsafeZipError(f"{name}: not valid YAML ({exc})") from None
-    if _count_nodes(doc, lim.max_yaml_nodes) > lim.max_yaml_nodes:
-        raise UnsafeZipError(f"{name}: more than {lim.max_yaml_nodes} values once its aliases are expanded")
-    if not isinstance(doc, dict):
-        return  # the engine's scan reports the shape error
-    base = yaml_path.parent
-    value = doc.get("path")
-    if value not in (None, ""):
-        given = Path(str(value)).expanduser()  # the engine expands ~ too
-        base = given if given.is_absolute() else yaml_path.parent / given
-        if not _inside(base, root):
-            raise UnsafeZipError(f"{name}: key 'path': {value!r} leads outside the uploaded dataset; "
-                                 "split paths of an upload must stay inside its own folder")
-    for key in ("train", "val", "test"):
-        entries = doc.get(key)
-        for entry in entries if isinstance(entries, list) else [entries]:
-            if entry in (None, "") or not isinstance(entry, str):
-                continue
-            given = Path(entry).expanduser()
-            target = given if given.is_absolute() else base / given
-            if not _inside(target, root):
-                raise UnsafeZipError(f"{name}: key {key!r}: {entry!r} leads outside the uploaded dataset; "
-                                     "split paths of an upload must stay inside its own folder")
-            if target.suffix.lower() == ".txt" and target.is_file():
-                _check_list(target, root, name, key, lim)
-
-
-def _check_list(list_file: Path, root: Path, name: str, key: str, lim: ZipLimits) -> None:
-    if list_file.stat().st_size > lim.max_member_bytes:
-        return  # extraction already bounded it; the scan reads it
-    text = list_file.read_text(encoding="utf-8-sig", errors="replace")
-    for lineno, line in enumerate(text.splitlines(), 1):
-        entry = line.strip()
-        if not entry or entry.startswith("#"):
-            continue
-        given = Path(entry).expanduser()
-        target = given if given.is_absolute() else list_file.parent / given
-        if not _inside(target, root):
-            raise UnsafeZipError(f"{name}: key {key!r}: {list_file.name}:{lineno}: {entry!r} leads outside "
-                                 "the uploaded dataset; split paths of an upload must stay inside its own folder")
