@@ -25,31 +25,49 @@ from service.api.deps import (
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent, User
 from service.lifecycle import TERMINAL
+from service.storage.roots import public_text
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _events(session: Any, job_id: str, after: int, limit: int) -> list[EventPublic]:
+def _events(session: Any, job_id: str, after: int, limit: int,
+            settings: Any = None) -> list[EventPublic]:
     # the four columns, not ORM rows: half the cost of a page of 50
     rows = session.execute(
         select(JobEvent.seq, JobEvent.time, JobEvent.kind, JobEvent.payload)
         .where(JobEvent.job_id == job_id, JobEvent.seq > after)
         .order_by(JobEvent.seq).limit(limit)
     )
-    return [EventPublic(seq=seq, time=at, kind=kind, data=payload)
+    return [EventPublic(seq=seq, time=at, kind=kind,
+                        data=_public(payload, settings) if kind in _PATHY else payload)
             for seq, at, kind, payload in rows]
 
 
-def _events_after(session: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+#: event kinds whose payload may name the service's folders (log lines, reasons)
+_PATHY = frozenset({"log", "status", "artifact"})
+
+
+def _public(payload: Any, settings: Any) -> Any:
+    """``payload`` without the service's folders (:func:`~service.storage.roots.public_text`)."""
+    if settings is None or not payload:
+        return payload
+    text = json.dumps(payload)
+    public = public_text(text, settings)
+    return payload if public == text else json.loads(public)
+
+
+def _events_after(session: Any, job_id: str, after: int, limit: int,
+                  settings: Any = None) -> tuple[list[EventPublic], str]:
     status = session.scalar(select(Job.status).where(Job.id == job_id))
-    return _events(session, job_id, after, limit), status
+    return _events(session, job_id, after, limit, settings), status
 
 
-def _fetch_events(sessions: Any, job_id: str, after: int, limit: int) -> tuple[list[EventPublic], str]:
+def _fetch_events(sessions: Any, job_id: str, after: int, limit: int,
+                  settings: Any = None) -> tuple[list[EventPublic], str]:
     with sessions() as session:
-        return _events_after(session, job_id, after, limit)
+        return _events_after(session, job_id, after, limit, settings)
 
 
 @router.get("/{job_id}/events", response_model=EventsPage, operation_id="jobs-events",
@@ -68,14 +86,15 @@ async def list_events(
     # async, with one thread-pool hop for the ownership check and the reads
     # (docs/scaling.md, "Cost of the hot reads")
     return await read_in_thread(request, _events_page, request.app.state.sessions, job_id,
-                                user, after, limit)
+                                user, after, limit, request.app.state.settings)
 
 
-def _events_page(sessions: Any, job_id: str, user: User, after: int, limit: int) -> EventsPage:
+def _events_page(sessions: Any, job_id: str, user: User, after: int, limit: int,
+                 settings: Any = None) -> EventsPage:
     with sessions() as session:
         # the job row (read first) gives the status: terminal before the events are read
         status = owned_or_404(session, job_id, user).status
-        events = _events(session, job_id, after, limit)
+        events = _events(session, job_id, after, limit, settings)
     next_after = events[-1].seq if events else after
     return EventsPage(data=events, next_after=next_after, status=status,
                       done=status in TERMINAL and len(events) < limit)
@@ -109,7 +128,7 @@ def stream_events(
         last = start
         while True:
             events, status = await anyio.to_thread.run_sync(
-                _fetch_events, sessions, job_id, last, 500)
+                _fetch_events, sessions, job_id, last, 500, settings)
             for e in events:
                 last = e.seq
                 yield {"id": str(e.seq), "event": e.kind, "data": e.model_dump_json()}
@@ -127,14 +146,16 @@ def stream_events(
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, operation_id="jobs-logs",
             responses={**OWNED_JOB_ERRORS, 200: {"content": {"text/plain": {}}}})
 def get_logs(
-    job: OwnedJob, store: StoreDep,
+    job: OwnedJob, store: StoreDep, settings: SettingsDep,
     offset: Annotated[int, Query(ge=0, description="byte offset to start from")] = 0,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="last N lines only")] = None,
 ) -> PlainTextResponse:
     """The engine's stdout+stderr (``train.log``) as text.
 
     ``X-Log-Size`` gives the file size in bytes: pass it back as ``offset`` to follow.
-    Empty before the job starts.
+    Empty before the job starts. The service's own folders are named as the API names
+    their contents (``dataset:<id>/...``, ``job:<id>/...``,
+    :func:`~service.storage.roots.public_text`).
     """
     path = store.log_path(job.id)
     if not path.is_file():
@@ -144,7 +165,7 @@ def get_logs(
         size = f.tell()
         f.seek(min(offset, size))
         data = f.read()
-    text = data.decode("utf-8", errors="replace")
+    text = public_text(data.decode("utf-8", errors="replace"), settings)
     if tail:
         text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
     return PlainTextResponse(text, headers={"X-Log-Size": str(size)})

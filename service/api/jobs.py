@@ -47,6 +47,7 @@ from service.ops import append_events
 from service.outlook_cache import OutlookCache
 from service.queue import enqueue, queue_for
 from service.scheduler import Outlook, outlook
+from service.storage.roots import public_data, public_model, public_text
 from service.workers import live_queues, unserved_warning, waiting_reason
 
 __all__ = ["router", "job_public", "queue_outlooks"]
@@ -76,6 +77,11 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.node_workers = [n.public() for n in nodes_of(session, job.id, attempt)] or \
             ([n.public() for n in nodes_of(session, job.id, job.attempt)] if job.attempt else [])
     out.tune = job.options if job.kind == "tune" else None
+    if settings is not None:  # never the service's own folders (dataset:<id>, job:<id>/...)
+        out.data = public_data(job.data, settings)
+        out.model = public_model(job.model, settings)
+        out.error = _public_json(out.error, settings)
+        out.result = _public_json(out.result, settings)
     if session is not None and settings is not None:
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
@@ -86,6 +92,15 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.effective_priority = where.effective_priority
         out.estimated_start = where.estimated_start
     return out
+
+
+def _public_json(value: dict[str, Any] | None, settings: Any) -> dict[str, Any] | None:
+    """``value`` with :func:`~service.storage.roots.public_text` applied to its strings."""
+    if not value:
+        return value
+    text = json.dumps(value)
+    public = public_text(text, settings)
+    return value if public == text else json.loads(public)
 
 
 def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str, int],

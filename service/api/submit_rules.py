@@ -217,6 +217,7 @@ def resolve_data(session: Session, user: User, data: str, check: bool, settings:
             no ``names``, a split folder that does not exist...; its message).
     """
     if not data.startswith("/"):
+        data = data.removeprefix("dataset:")  # as a job's public ``data`` names an upload
         ds = session.get(Dataset, data)
         if ds is None or not owns(user, ds.owner_id):
             raise Problem(422, f"data: {data!r} is neither a dataset id nor an absolute yaml "

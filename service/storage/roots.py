@@ -19,13 +19,15 @@ path; uploads are used by their id. Refusals never name the service's folders.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["PathRefused", "ReadRule", "check_dataset", "data_refusal"]
+__all__ = ["PathRefused", "ReadRule", "check_dataset", "data_refusal", "public_data",
+           "public_model", "public_text"]
 
 
 class PathRefused(ValueError):
@@ -52,7 +54,7 @@ class ReadRule:
         home = _real(settings.home)
         self.uploads = _real(settings.upload_root)
         self.state = [home, *(_real(p) for p in (settings.artifact_root, settings.model_root,
-                                                  getattr(settings, "cache_root", home / "cache"),
+                                                  settings.cache_root,
                                                   settings.upload_root))]
         self.roots = [_real(r) for r in settings.dataset_roots]
 
@@ -230,3 +232,41 @@ def data_refusal(data: str, settings: Any) -> str | None:
     except OSError as exc:
         return f"data: cannot read the dataset ({exc.strerror or exc})"
     return None
+
+
+def public_data(data: str, settings: Any) -> str:
+    """A job's ``data`` as its user sees it: ``dataset:<id>`` for an upload (never the
+    service's folder), else :func:`public_text` of the path (a registered yaml is the
+    user's own path)."""
+    uploads = f"{settings.upload_root}{os.sep}"
+    if data.startswith(uploads):
+        return f"dataset:{data[len(uploads):].split(os.sep, 1)[0]}"
+    return public_text(data, settings)
+
+
+def public_model(model: str, settings: Any) -> str:
+    """A job's stored ``model`` as its user sees it (and may submit again): a registered
+    model's file ``<model root>/<id>.pt`` -> ``<id>``, a checkpoint of a job ->
+    ``job:<job id>/<path>``, a name as it is."""
+    folder = f"{settings.model_root}{os.sep}"
+    if model.startswith(folder) and os.sep not in model[len(folder):]:
+        return Path(model).stem
+    return public_text(model, settings)
+
+
+def public_text(text: str, settings: Any) -> str:
+    """``text`` (a log line, an error, a path) with the service's own folders named as the
+    API names their contents: ``<upload root>/<id>/`` -> ``dataset:<id>/``, ``<artifact
+    root>/<job id>/run/`` -> ``job:<job id>/``, the model and cache roots -> ``model:`` and
+    ``cache:``, anything else under ``home`` -> ``service:``."""
+    pairs = sorted([(str(settings.upload_root), "dataset:"), (str(settings.artifact_root), "job:"),
+                    (str(settings.model_root), "model:"), (str(settings.cache_root), "cache:"),
+                    (os.path.realpath(settings.home), "service:")], key=lambda p: -len(p[0]))
+    if not any(folder in text for folder, _ in pairs):
+        return text
+    sep = re.escape(os.sep)
+    text = re.sub(f"{re.escape(str(settings.artifact_root))}{sep}([^{sep}\\s]+){sep}run{sep}",
+                  r"job:\1/", text)
+    for folder, name in pairs:
+        text = text.replace(f"{folder}{os.sep}", name).replace(folder, name.rstrip(":"))
+    return text

@@ -28,6 +28,7 @@ from service.lifecycle import ACTIVE, TERMINAL, JobStatus
 from service.scheduler import Outlook
 from service.settings import Settings
 from service.storage import artifact_kind
+from service.storage.roots import public_data, public_text
 from service.users import visible_to
 from service.web.formatting import (
     PROFILE_FIGURES,
@@ -310,8 +311,8 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
     preflight = _preflight_view(job, result.get("preflight") or (job.progress or {}).get("preflight"))
     metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
     shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
-    error = job.error or None
     settings = request.app.state.settings
+    error = json.loads(public_text(json.dumps(job.error), settings)) if job.error else None
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
     return {"job": job, "row": job_row(job, names, now, live, outlooks), "artifacts": artifacts,
@@ -321,4 +322,5 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
             "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
             "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
-            "started_from": describe_model_ref(session, request.app.state.settings, job.model)}
+            "started_from": describe_model_ref(session, request.app.state.settings, job.model),
+            "data_public": public_data(job.data, settings)}

@@ -353,3 +353,25 @@ def test_all_backgrounds_without_label_folder(yolo_dataset) -> None:
     (msg,) = msgs  # a split of backgrounds only is said once, with the rule
     assert "none of the 2 images has a label file" in msg and report.n_defects == 0
     assert not (y.parent / "labels").exists()  # nothing created
+
+
+def test_cache_dir_keeps_the_dataset_folder_untouched(yolo_dataset, tmp_path) -> None:
+    """With a cache_dir (what the service passes) the label cache lives there, keyed by
+    the content, and nothing is written into the dataset's folders; the image disk cache too."""
+    from libreyolo_core.data.dataset import YOLODataset
+
+    y = yolo_dataset({"a": GOOD, "b": GOOD})
+    before = sorted(p.relative_to(y.parent) for p in y.parent.rglob("*"))
+    cfg = load_data_config(y)
+    cache = tmp_path / "service-cache"
+    r1 = scan_split(cfg, "train", cache_dir=cache)
+    assert not r1.from_cache and r1.cache_path.parent == cache / "labels"
+    r2 = scan_split(cfg, "train", cache_dir=cache)
+    assert r2.from_cache and r2.cache_path == r1.cache_path and r2.n_boxes == 2
+    (y.parent / "labels/train/b.txt").write_text("0 0.4 0.4 0.1 0.1\n0 0.5 0.5 0.1 0.1\n")
+    r3 = scan_split(cfg, "train", cache_dir=cache)  # new content: another key, a rescan
+    assert not r3.from_cache and r3.cache_path != r1.cache_path and r3.n_boxes == 3
+    ds = YOLODataset(r3, 64, augment=False, cache="disk", cache_dir=cache)
+    ds.load_image(0)
+    assert len(list((cache / "images").glob("*.64.npy"))) == 1
+    assert sorted(p.relative_to(y.parent) for p in y.parent.rglob("*")) == before
