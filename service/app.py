@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
-from service.api import artifacts, datasets, events, health, jobs, models
+from service.api import admin, artifacts, datasets, events, health, jobs, models
 from service.api.methods import OptionsMiddleware
 from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(artifacts.router)
     app.include_router(datasets.router)
     app.include_router(models.router)
+    app.include_router(admin.router)
     app.include_router(models.publish_router)
     install_web(app)
     return app

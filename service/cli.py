@@ -26,6 +26,7 @@ from typer.core import TyperGroup
 from libreyolo_core.distributed.parent import die_with_parent
 from service.credentials import save_credentials, saved_token
 from service.settings import Settings
+from service.tokens_cli import add_token_commands, parse_duration
 from service.users_cli import users_app
 
 __all__ = ["main", "app"]
@@ -68,6 +69,7 @@ token_app = typer.Typer(help="API tokens", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 app.add_typer(users_app, name="users")
+add_token_commands(token_app)
 
 
 def _settings() -> Settings:
@@ -93,14 +95,16 @@ def _redact(url: str) -> str:
     return url
 
 
-def _create_token(settings: Settings, name: str, admin: bool) -> str:
+def _create_token(settings: Settings, name: str, admin: bool,
+                  expires_in_s: float | None = None) -> str:
     from service.db.session import make_engine, make_session_factory
     from service.users import create_user_token
 
     engine = make_engine(settings.database_url)
     try:
         with make_session_factory(engine)() as session:
-            _, token = create_user_token(session, name=name, admin=admin)
+            _, token = create_user_token(session, name=name, admin=admin,
+                                         expires_in_s=expires_in_s)
             session.commit()
     finally:
         engine.dispose()
@@ -111,13 +115,16 @@ def _create_token(settings: Settings, name: str, admin: bool) -> str:
 def token_create(
     name: Annotated[str, typer.Option(help="user name (created if new)")],
     admin: Annotated[bool, typer.Option(help="the user sees every job")] = False,
+    expires_in: Annotated[str | None, typer.Option(
+        help="expire after this long: 90s, 30m, 12h, 30d, 2w (default: never)")] = None,
 ) -> None:
     """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept)."""
     from service.db.migrate import upgrade
 
     settings = _settings()
     upgrade(settings.database_url)
-    typer.echo(_create_token(settings, name, admin))
+    typer.echo(_create_token(settings, name, admin,
+                             parse_duration(expires_in) if expires_in else None))
 
 
 @app.command()

@@ -11,19 +11,21 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
-from service.db.models import Token, User
+from service.db.models import Token, User, utcnow
 
 __all__ = ["hash_token", "create_user_token", "user_for_token", "set_user_cap", "owns",
-           "visible_to", "TokenCache", "TOKEN_CACHE_S"]
+           "visible_to", "TokenCache", "TOKEN_CACHE_S", "list_tokens", "revoke_token"]
 
 #: how long an API process trusts a token it has looked up (seconds): a revoked token (or
-#: a changed ``is_admin``/``max_running``) takes effect within this on every process
-TOKEN_CACHE_S = 5.0
+#: a changed ``is_admin``/``max_running``) takes effect within this on every process. One
+#: second costs each process one indexed statement per active token per second.
+TOKEN_CACHE_S = 1.0
 
 
 def owns(user: User, owner_id: str) -> bool:
@@ -44,12 +46,19 @@ def hash_token(token: str) -> str:
 
 
 def create_user_token(session: Session, *, name: str, admin: bool = False,
-                      token_name: str = "") -> tuple[User, str]:
-    """Create (or reuse) the user ``name`` and a new token for it.
+                      token_name: str = "", expires_in_s: float | None = None
+                      ) -> tuple[User, str]:
+    """Create (or reuse) the user ``name`` and a new token for it, valid for
+    ``expires_in_s`` seconds (None: until revoked).
 
     Returns:
         The user and the token in clear (shown once; only its sha256 is stored).
+
+    Raises:
+        ValueError: ``expires_in_s`` is not a positive finite number of seconds.
     """
+    if expires_in_s is not None and not 0 < expires_in_s < 100 * 365 * 86400:
+        raise ValueError(f"expiry: {expires_in_s!r} s is not between 0 and 100 years")
     user = session.scalar(select(User).where(User.name == name))
     if user is None:
         user = User(name=name, is_admin=admin)
@@ -58,18 +67,62 @@ def create_user_token(session: Session, *, name: str, admin: bool = False,
     elif admin and not user.is_admin:
         user.is_admin = True
     token = "lyt_" + secrets.token_urlsafe(32)
-    session.add(Token(user_id=user.id, name=token_name or name, token_sha256=hash_token(token)))
+    expires = None if expires_in_s is None else utcnow() + timedelta(seconds=expires_in_s)
+    session.add(Token(user_id=user.id, name=token_name or name, token_sha256=hash_token(token),
+                      expires_at=expires))
     session.flush()
     return user, token
 
 
 def user_for_token(session: Session, token: str) -> User | None:
-    """The user owning ``token``, or None if unknown or revoked."""
+    """The user owning ``token``, or None if unknown, revoked or expired."""
     row = session.execute(
         select(User).join(Token, Token.user_id == User.id)
-        .where(Token.token_sha256 == hash_token(token), Token.revoked.is_(False))
+        .where(Token.token_sha256 == hash_token(token), Token.revoked.is_(False),
+               or_(Token.expires_at.is_(None), Token.expires_at > utcnow()))
     ).scalar_one_or_none()
     return row
+
+
+def list_tokens(session: Session, user_name: str | None = None) -> list[dict[str, Any]]:
+    """Every token (of user ``user_name`` when given), oldest first, as
+    ``{id, user, name, created_at, expires_at, revoked, revoked_at, state}`` (``state``:
+    ``active``, ``expired`` or ``revoked``); never the token itself (only its hash is kept).
+
+    Raises:
+        LookupError: no user ``user_name``.
+    """
+    stmt = select(Token, User.name).join(User, User.id == Token.user_id)
+    if user_name is not None:
+        if session.scalar(select(User.id).where(User.name == user_name)) is None:
+            raise LookupError(f"no user named {user_name!r}")
+        stmt = stmt.where(User.name == user_name)
+    now = utcnow()
+    out = []
+    for tok, owner in session.execute(stmt.order_by(Token.created_at, Token.id)):
+        state = "revoked" if tok.revoked else \
+            "expired" if tok.expires_at is not None and tok.expires_at <= now else "active"
+        out.append({"id": tok.id, "user": owner, "name": tok.name, "created_at": tok.created_at,
+                    "expires_at": tok.expires_at, "revoked": tok.revoked,
+                    "revoked_at": tok.revoked_at, "state": state})
+    return out
+
+
+def revoke_token(session: Session, token_id: str) -> bool:
+    """Revoke the token ``token_id`` (every API process refuses it within
+    :data:`TOKEN_CACHE_S`). Returns False when it was revoked already.
+
+    Raises:
+        LookupError: no token ``token_id``.
+    """
+    tok = session.get(Token, token_id)
+    if tok is None:
+        raise LookupError(f"no token {token_id!r}")
+    if tok.revoked:
+        return False
+    tok.revoked, tok.revoked_at = True, utcnow()
+    session.flush()
+    return True
 
 
 class TokenCache:
@@ -110,6 +163,11 @@ class TokenCache:
                 del self._users[key]
                 return None
             return hit[1]
+
+    def drop(self, token_sha256: str) -> None:
+        """Forget the token with this sha256 (revoked here: refused at once)."""
+        with self._lock:
+            self._users.pop(token_sha256, None)
 
     def lookup(self, session: Session, token: str) -> User | None:
         """:meth:`get`, else :func:`user_for_token` (one statement), caching a found user.

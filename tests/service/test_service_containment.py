@@ -107,9 +107,9 @@ def test_no_route_reaches_another_users_upload(eve, server, alice_upload, tmp_pa
             if what.startswith("symlinked"):  # the answer names the link, never its target
                 assert str(settings.upload_root) not in r.text, r.text
     # the victim's upload by id: not found for another user
-    for route, r in (("job data id", _job(eve, ds["id"])),
-                     ("job data dataset:id", _job(eve, f"dataset:{ds['id']}")),
-                     ("dataset get", eve.get(f"/v1/datasets/{ds['id']}"))):
+    for _route, r in (("job data id", _job(eve, ds["id"])),
+                      ("job data dataset:id", _job(eve, f"dataset:{ds['id']}")),
+                      ("dataset get", eve.get(f"/v1/datasets/{ds['id']}"))):
         attempts += 1
         leaks += r.status_code not in (404, 422)
     print(f"cross-user attempts: {attempts}, leaks: {leaks}")

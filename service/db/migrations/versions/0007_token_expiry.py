@@ -1,0 +1,28 @@
+"""tokens: expires_at (optional expiry) and revoked_at
+
+Revision ID: 0007t
+Revises: 0006
+Create Date: 2026-12-01
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+from service.db.models import UTCDateTime
+
+revision = "0007t"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("tokens") as batch:
+        batch.add_column(sa.Column("expires_at", UTCDateTime(), nullable=True))
+        batch.add_column(sa.Column("revoked_at", UTCDateTime(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("tokens") as batch:
+        batch.drop_column("revoked_at")
+        batch.drop_column("expires_at")
