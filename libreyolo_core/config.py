@@ -147,11 +147,11 @@ class TrainConfig(BaseModel):
     data: str | None = Field(None, description="dataset yaml path (YOLO format)")
     # -- schedule --------------------------------------------------------------------
     epochs: int = Field(300, ge=1, le=100_000, description="training epochs")
-    batch: int = Field(16, ge=-1, description="GLOBAL batch size (all ranks); -1 = autobatch")
+    batch: int = Field(16, ge=-1, le=65_536, description="GLOBAL batch size (all ranks); -1 = autobatch")
     imgsz: int = Field(640, ge=32, le=8192, description="square input size, pixels, multiple of 32")
     device: str = Field("auto", description="'auto', 'cpu', 'mps', '0', '0,1', 'cuda:0'")
     workers: int = Field(4, ge=0, le=64, description="data-loader worker processes per rank")
-    seed: int = Field(0, ge=0, description="seed of shuffling and augmentation")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of shuffling and augmentation")
     # -- optimizer and LR ------------------------------------------------------------
     optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="optimizer")
     lr0: float = Field(0.01, gt=0, le=10, description="initial (peak) learning rate")
@@ -166,7 +166,7 @@ class TrainConfig(BaseModel):
     warmup_lr_start: float = Field(0.0, ge=0, description="LR at the first warm-up step")
     warmup_momentum: float = Field(0.8, ge=0, lt=1, description="momentum at the first warm-up step")
     nbs: int | None = Field(
-        None, ge=1, description="nominal batch size: accumulate round(nbs/batch) steps; weight "
+        None, ge=1, le=65_536, description="nominal batch size: accumulate round(nbs/batch) steps; weight "
         "decay scaled by batch*accumulate/nbs. None = no accumulation"
     )
     clip_max_norm: float | None = Field(10.0, ge=0, description="gradient-norm clip; None disables")
@@ -188,7 +188,7 @@ class TrainConfig(BaseModel):
     flipud: float = _augment("flipud")
     fliplr: float = _augment("fliplr")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
-    no_aug_epochs: int = Field(15, ge=0, description="last N epochs without mosaic/mixup")
+    no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
     cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
     cache_dir: str | None = Field(None, description="folder of the label-scan and disk image caches "
@@ -211,7 +211,7 @@ class TrainConfig(BaseModel):
         "LIBREYOLO_GPU_HOUR_PRICE")
     # -- validation ------------------------------------------------------------------
     val: bool = Field(True, description="validate during training")
-    eval_interval: int = Field(1, ge=1, description="validate every N epochs (and the last)")
+    eval_interval: int = Field(1, ge=1, le=100_000, description="validate every N epochs (and the last)")
     conf: float = Field(0.001, ge=0, le=1, description="validation score threshold")
     iou: float = Field(0.7, gt=0, le=1, description="validation NMS IoU threshold")
     max_det: int = Field(300, ge=1, le=100_000, description="detections kept per image")
@@ -219,10 +219,10 @@ class TrainConfig(BaseModel):
     project: str = Field("runs/train", description="parent folder of run directories")
     name: str = Field("exp", description="run directory name (exp, exp2, ... unless exist_ok)")
     exist_ok: bool = Field(False, description="reuse an existing run directory")
-    save_period: int = Field(10, ge=0, description="also save weights/epoch_N.pt every N epochs; 0 off")
-    patience: int = Field(50, ge=0, description="stop after N epochs without a better fitness; 0 off")
+    save_period: int = Field(10, ge=0, le=100_000, description="also save weights/epoch_N.pt every N epochs; 0 off")
+    patience: int = Field(50, ge=0, le=100_000, description="stop after N epochs without a better fitness; 0 off")
     resume: bool | str = Field(False, description="True (latest run) or path to last.pt")
-    log_interval: int = Field(10, ge=1, description="steps between progress events")
+    log_interval: int = Field(10, ge=1, le=1_000_000, description="steps between progress events")
     freeze: int | list[str] | None = Field(
         None, description="keep weights and BatchNorm statistics fixed: a count of leading "
         "blocks (freeze=10) or module names (freeze=backbone or [backbone, neck.up1])")
@@ -290,12 +290,10 @@ class TrainConfig(BaseModel):
             raise ValueError("must be a count of leading blocks or a list of module names")
         if isinstance(v, str):
             text = v.strip().strip("[]")
-            if text.isdigit():
-                return int(text)
-            v = [p.strip().strip("'\"") for p in text.split(",")]
+            v = int(text) if text.isdigit() else [p.strip().strip("'\"") for p in text.split(",")]
         if isinstance(v, int):
-            if v < 0:
-                raise ValueError("a count of leading blocks must be >= 0")
+            if not 0 <= v <= 10_000:
+                raise ValueError("a count of leading blocks must be between 0 and 10000")
             return v or None
         if isinstance(v, list | tuple):
             names = [str(p).strip() for p in v]

@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from service.api import admin, artifacts, datasets, events, health, jobs, models
+from service.api.guard import RequestGuard
 from service.api.methods import OptionsMiddleware
 from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["*"], allow_headers=["*"],
                            expose_headers=["Location", "ETag", "X-Content-SHA256", "X-Log-Size"])
+    app.add_middleware(RequestGuard, root=app)  # outermost: bounds before anything is spent
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(events.router)

@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(2 << 30, gt=0, description="dataset zip size cap")
     max_uncompressed_bytes: int = Field(8 << 30, gt=0, description="dataset total inflated size cap")
     max_model_bytes: int = Field(1 << 30, gt=0, description="uploaded weights file size cap")
+    max_json_bytes: int = Field(1 << 20, gt=0, description="body cap of every other request "
+                                "(JSON, forms); checked after authentication, before reading")
+    max_header_count: int = Field(100, gt=0, description="headers of one request (431 past it)")
+    max_header_bytes: int = Field(64 << 10, gt=0, description="bytes of all headers of a request")
+    max_url_chars: int = Field(16 << 10, gt=0, description="characters of a request's path and query")
     inspect_timeout_s: float = Field(
         120.0, gt=0, description="time limit of the child process that reads an uploaded "
         "weights file (`python -m libreyolo_core.weights inspect`)"

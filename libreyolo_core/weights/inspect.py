@@ -1,7 +1,9 @@
 """What a weights file holds: family, size, classes, parameter count, sha256.
 
 The file is read with ``torch.load(weights_only=True)``: a pickle that needs code is refused,
-never run.
+never run. A zip file (``torch.save``) whose members fail their CRC-32 (a corrupted copy:
+torch's reader does not check them) is refused, and so is a model with a NaN or infinite
+value in any tensor.
 """
 
 from __future__ import annotations
@@ -62,13 +64,32 @@ def inspect_weights(path: str | Path) -> WeightsInfo:
 
     Raises:
         CheckpointError: missing, unreadable, unsafe (needs code to unpickle; Ultralytics
-            files are named as such), a family or size we do not have, or tensors that fit
-            none of our models; the message says which.
+            files are named as such), a zip member failing its CRC, a NaN or infinite
+            value, a family or size we do not have, or tensors that fit none of our
+            models; the message says which.
     """
+    import zipfile
+
+    import torch
+
+    from libreyolo_core.engine.checkpoint import CheckpointError
     from libreyolo_core.weights.load import load_weights
 
     path = Path(path)
+    if path.is_file() and zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                bad = zf.testzip()
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, OSError) as exc:
+            raise CheckpointError(f"{path}: the zip archive is damaged ({exc})") from None
+        if bad is not None:
+            raise CheckpointError(f"{path}: member {bad!r} fails its CRC-32 check: the file is "
+                                  "corrupted (copy it again)")
     weights = load_weights(path)
+    for key, t in weights.state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: tensor {key!r} holds NaN or infinite values; "
+                                  "a model must have finite weights")
     params = sum(int(t.numel()) for k, t in weights.state.items()
                  if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
     return WeightsInfo(

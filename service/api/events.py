@@ -22,6 +22,7 @@ from service.api.deps import (
     owned_or_404,
     read_in_thread,
 )
+from service.api.problems import Problem
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent, User
 from service.lifecycle import TERMINAL
@@ -30,6 +31,8 @@ from service.storage.roots import public_text
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+#: the largest seq (and byte offset) a request may name: a signed 64-bit integer
+MAX_SEQ = 2**63 - 1
 
 
 def _events(session: Any, job_id: str, after: int, limit: int,
@@ -74,7 +77,7 @@ def _fetch_events(sessions: Any, job_id: str, after: int, limit: int,
             responses=OWNED_JOB_ERRORS)
 async def list_events(
     job_id: str, user: CurrentUser, request: Request,
-    after: Annotated[int, Query(ge=0, description="return events with seq > after")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="return events with seq > after")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> EventsPage:
     """Events of a job in order (``seq`` 1, 2, 3... without gaps).
@@ -107,7 +110,7 @@ def _events_page(sessions: Any, job_id: str, user: User, after: int, limit: int,
 )
 def stream_events(
     job: OwnedJob, request: Request, settings: SettingsDep, session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="start after this seq")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="start after this seq")] = 0,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     """Follow a job's events as Server-Sent Events.
@@ -120,6 +123,9 @@ def stream_events(
     """
     start = after
     if last_event_id and last_event_id.strip().isdigit():
+        if len(last_event_id.strip()) > 19 or int(last_event_id.strip()) > MAX_SEQ:
+            raise Problem(422, f"Last-Event-ID: more than {MAX_SEQ} (the largest seq)",
+                          field="Last-Event-ID")
         start = max(start, int(last_event_id.strip()))
     sessions, job_id, notifier = request.app.state.sessions, job.id, request.app.state.notifier
     session.close()  # the request's connection goes back to the pool: the stream may last hours
@@ -147,7 +153,7 @@ def stream_events(
             responses={**OWNED_JOB_ERRORS, 200: {"content": {"text/plain": {}}}})
 def get_logs(
     job: OwnedJob, store: StoreDep, settings: SettingsDep,
-    offset: Annotated[int, Query(ge=0, description="byte offset to start from")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_SEQ, description="byte offset to start from")] = 0,
     tail: Annotated[int | None, Query(ge=1, le=100_000, description="last N lines only")] = None,
 ) -> PlainTextResponse:
     """The engine's stdout+stderr (``train.log``) as text.

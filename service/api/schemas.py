@@ -16,6 +16,11 @@ __all__ = [
 #: A job's status as the API says it: the values of :class:`service.lifecycle.JobStatus`
 #: (a Literal, so the OpenAPI document lists them inline).
 JobStatusName = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+#: A name or path: no NUL, newline, ESC or other control character.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+#: The longest dataset path (or id) a request may send.
+MAX_PATH_CHARS = 4096
+
 #: What a job does.
 JobKind = Literal["train", "profile", "tune"]
 
@@ -33,7 +38,7 @@ class TuneOptionsIn(BaseModel):
                        "window is fitted into one epoch)")
     max_candidates: int = Field(6, ge=1, le=12, description="configurations profiled besides "
                                 "the baseline")
-    budget_s: float | None = Field(1800.0, gt=0, description="time budget in seconds: no "
+    budget_s: float | None = Field(1800.0, gt=0, le=366 * 86400, description="time budget in seconds: no "
                                    "trial starts that would end past it; null: none")
     min_gain: float = Field(0.05, ge=0, lt=10, description="smallest img/s gain recommended, "
                             "a fraction (0.05 = 5%)")
@@ -50,10 +55,11 @@ class JobCreate(BaseModel):
     kind: JobKind = Field("train", description="train, profile, or tune (profile the "
                           "configuration, try the levers its verdict names, recommend only "
                           "gains beyond noise)")
-    model: str = Field(..., max_length=500, description="model name <family>-<size>, e.g. "
+    model: str = Field(..., max_length=500, pattern=NO_CONTROL, description="model name <family>-<size>, e.g. "
                        "yolo9-t, a registered model id (m...), or a checkpoint of an "
                        "earlier job: job:<id>/weights/best.pt")
-    data: str = Field(..., description="dataset id (d...) or a dataset yaml path the "
+    data: str = Field(..., min_length=1, max_length=MAX_PATH_CHARS, pattern=NO_CONTROL,
+                      description="dataset id (d...) or a dataset yaml path the "
                       "workers can read")
     params: dict[str, Any] = Field(default_factory=dict,
                                    description="training keys (see libreyolo_core TrainConfig)")
@@ -65,7 +71,7 @@ class JobCreate(BaseModel):
                        "on a worker of its own; the job starts when that many workers are "
                        "free (at most the setting max_nodes)")
     priority: int = Field(0, ge=0, le=9, strict=True, description="0 (default) .. 9 (first)")
-    time_budget_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds; "
+    time_budget_s: float | None = Field(None, gt=0, le=366 * 86400, description="wall-clock limit in seconds; "
                                         "the run is stopped (SIGTERM) and failed after it")
     tune: TuneOptionsIn | None = Field(None, description="a tune job's options (defaults when "
                                        "omitted); only with kind tune")
@@ -173,8 +179,9 @@ class DatasetRegister(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"name": "coco8", "path": "/data/coco8/data.yaml"}]})
 
-    name: str = Field(..., min_length=1, max_length=200)
-    path: str = Field(..., description="absolute dataset yaml path visible to the workers")
+    name: str = Field(..., min_length=1, max_length=200, pattern=NO_CONTROL)
+    path: str = Field(..., min_length=1, max_length=MAX_PATH_CHARS, pattern=NO_CONTROL,
+                      description="absolute dataset yaml path visible to the workers")
 
 
 class DatasetPublic(BaseModel):

@@ -22,6 +22,8 @@ from pathlib import Path, PurePosixPath
 
 __all__ = ["UnsafeZipError", "ZipLimits", "check_zip", "extract_zip"]
 
+#: the compression methods zipfile can read (stored, deflate, bzip2, lzma)
+_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA})
 #: files smaller than this are never flagged by the ratio check (tiny text compresses well).
 RATIO_MIN_BYTES = 1 << 20
 
@@ -108,6 +110,12 @@ def check_zip(zf: zipfile.ZipFile, *, max_total_bytes: int | None = None, max_ra
         if info.file_size > lim.max_member_bytes:
             raise UnsafeZipError(f"zip member {info.filename!r} inflates to {info.file_size} bytes, more than "
                                  f"the limit of {lim.max_member_bytes} (max_zip_member_bytes)")
+        if info.flag_bits & 0x1:
+            raise UnsafeZipError(f"zip member {info.filename!r} is encrypted (zip a dataset "
+                                 "without a password)")
+        if info.compress_type not in _METHODS:
+            raise UnsafeZipError(f"zip member {info.filename!r} uses compression method "
+                                 f"{info.compress_type}; use stored, deflate, bzip2 or lzma")
         compressed += info.compress_size
         mode = info.external_attr >> 16
         if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):

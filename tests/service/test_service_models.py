@@ -48,6 +48,15 @@ def weights(tmp_path_factory) -> dict[str, Path]:
     torch.save({**ckpt, "imgsz": np.int64(128), "best_fitness": np.float64(0.25)},
                 files["numpy_meta"])
     assert zipfile.is_zipfile(files["good"]) and not zipfile.is_zipfile(files["truncated"])
+    files["nan_weights"] = folder / "nan_weights.pt"
+    torch.save({**ckpt, "model": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                                  for k, v in ckpt["model"].items()}}, files["nan_weights"])
+    flipped = bytearray(data)  # 64 bytes of a tensor's data flipped (a damaged copy)
+    middle = len(flipped) // 2
+    flipped[middle:middle + 64] = bytes(b ^ 0xFF for b in flipped[middle:middle + 64])
+    files["flipped"] = folder / "flipped.pt"
+    files["flipped"].write_bytes(bytes(flipped))
+    assert torch.load(files["flipped"], weights_only=True)  # torch itself does not notice
     return files
 
 
@@ -105,6 +114,8 @@ def test_upload_list_get_download_delete(alice, server, weights):
     ("needs_code", "needs code"),
     ("truncated", "truncated or damaged"),
     ("unknown_family", "yolov8"),
+    ("nan_weights", "NaN or infinite values"),
+    ("flipped", "fails its CRC-32 check"),
 ])
 def test_bad_upload_is_422_naming_the_reason_and_stores_nothing(
         alice, server, sessions, weights, kind, words):
