@@ -69,7 +69,8 @@ class ModelsPage(BaseModel):
 class PublishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "shapes-v1"}]})
 
-    name: str = Field(..., min_length=1, max_length=200, description="the new model's name")
+    name: str = Field(..., min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$",
+                      description="the new model's name")
 
 
 def owned_model(model_id: str, user: CurrentUser, session: SessionDep) -> Model:
@@ -268,19 +269,35 @@ def delete_model(model: OwnedModel, session: SessionDep) -> Response:
 @publish_router.post(
     "/{job_id}/publish", status_code=201, response_model=ModelPublic,
     operation_id="jobs-publish",
-    responses={404: {"description": "no such job (or another user's job)"},
-               409: {"description": "the job has not succeeded, or has no weights/best.pt"}},
+    responses={200: {"description": "published before under this name: that model",
+                     "model": ModelPublic},
+               404: {"description": "no such job (or another user's job)"},
+               409: {"description": "the job has not succeeded, has no weights/best.pt, or "
+                                    "was published under another name"}},
 )
 async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
                       settings: SettingsDep, request: Request, response: Response) -> ModelPublic:
     """Register a finished job's ``weights/best.pt`` as a model named ``name``.
 
     The file is copied into the model store (so the model outlives the job's folder) and
-    inspected like an upload; ``source`` is ``job:<job id>``.
+    inspected like an upload; ``source`` is ``job:<job id>``. Idempotent: publishing the
+    job again with the same name answers 200 with the model it made (nothing inspected
+    again); with another name, 409 naming that model.
 
     Raises:
-        409: the job has not succeeded, or has no ``weights/best.pt``.
+        409: the job has not succeeded, has no ``weights/best.pt``, or was published
+            under another name.
     """
+    done = session.scalar(select(Model).where(Model.source == f"job:{job.id}",
+                                              Model.owner_id == job.owner_id)
+                          .order_by(Model.id).limit(1))
+    if done is not None:
+        if done.name != body.name:
+            raise Problem(409, f"job {job.id} is published already, as model {done.id} "
+                          f"({done.name!r})", model_id=done.id)
+        response.status_code = 200
+        response.headers["Location"] = f"/v1/models/{done.id}"
+        return _public(done)
     if job.status != JobStatus.SUCCEEDED:
         raise Problem(409, f"job {job.id} is {job.status}: only a succeeded job can be "
                       "published", status_now=job.status)

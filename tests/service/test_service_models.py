@@ -209,3 +209,31 @@ def test_publish_refuses_unfinished_jobs(alice, data_yaml):
     assert alice.post(f"/v1/jobs/{job['id']}/publish", json={}).status_code == 422
     assert alice.post("/v1/jobs/j000000000000000000000000/publish",
                       json={"name": "x"}).status_code == 404
+
+
+def test_publish_is_idempotent(server, sessions, weights):
+    """The same job published twice makes one model (200 the second time, nothing
+    inspected again); another name for it is a 409 naming the model."""
+    import shutil
+
+    from testkit import queued_job
+
+    from service.db.models import User
+
+    name, token = make_user(sessions)
+    with sessions() as s:
+        owner = s.query(User).filter_by(name=name).one().id
+    job_id = queued_job(sessions, owner, status="succeeded")
+    best = server.app.state.store.run_dir(job_id) / "weights" / "best.pt"
+    best.parent.mkdir(parents=True)
+    shutil.copyfile(weights["good"], best)
+    with client(server.url, token) as c:
+        first = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}, timeout=180)
+        assert first.status_code == 201, first.text
+        again = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}, timeout=180)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+        other = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "twice"})
+        assert other.status_code == 409 and other.json()["model_id"] == first.json()["id"]
+        assert c.post(f"/v1/jobs/{job_id}/publish", json={"name": "a\x1b[31m"}).status_code == 422
+    with sessions() as s:
+        assert s.query(Model).filter_by(source=f"job:{job_id}").count() == 1

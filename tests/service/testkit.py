@@ -66,11 +66,11 @@ def free_port() -> int:
 class ServerThread:
     """uvicorn serving ``app`` in a thread on a free port (a real HTTP server)."""
 
-    def __init__(self, app: Any, port: int | None = None):
+    def __init__(self, app: Any, port: int | None = None, **config_kw: Any):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on", timeout_graceful_shutdown=1)
+                                lifespan="on", timeout_graceful_shutdown=1, **config_kw)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
