@@ -121,8 +121,9 @@ def test_integers_are_bounded_and_the_422_names_the_bound(mallory):
 
 
 def test_event_stream_and_log_offsets_above_int64(mallory, sessions):
-    from service.db.models import User
     from testkit import queued_job
+
+    from service.db.models import User
 
     with sessions() as s:
         owner = s.query(User).filter_by(name=mallory.user_name).one().id
