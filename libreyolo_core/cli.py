@@ -343,6 +343,11 @@ def run(argv: Sequence[str]) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - map every failure to an exit code
+        full = disk_full(exc)
+        if full is not None:  # named, with the free space, instead of torch's message
+            print(f"error: {full}", file=sys.stderr)
+            _record_error(EXIT_RUNTIME, full)
+            return EXIT_RUNTIME
         code = _exit_for(exc)
         if code != EXIT_SIGTERM:
             _record_error(code, exc)
@@ -365,6 +370,45 @@ def _record_error(code: int, exc: BaseException) -> None:
         return
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(record, fh)
+
+
+class DiskFull(OSError):
+    """A write failed because the disk is full; the message names the folder and the
+    free space left on its filesystem."""
+
+
+#: what a failed write says when the disk is full (torch's zip writer hides the errno)
+_NO_SPACE = ("No space left on device", "file write failed", "PytorchStreamWriter failed writing")
+
+
+def disk_full(exc: BaseException, where: str | None = None) -> DiskFull | None:
+    """``exc`` (or an exception it was raised from) as a :class:`DiskFull` when it is a
+    full disk (``ENOSPC``, or torch's failed checkpoint write on a disk with under 64 MiB
+    free), else None. ``where``: the folder whose disk is reported (default: the cwd,
+    the run's job folder under the service)."""
+    import errno
+    import shutil
+
+    folder = where or os.getcwd()
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        usage = None
+    seen: set[int] = set()
+    item: BaseException | None = exc
+    while item is not None and id(item) not in seen:
+        seen.add(id(item))
+        text = str(item)
+        nospc = isinstance(item, OSError) and item.errno == errno.ENOSPC
+        torch_write = any(t in text for t in _NO_SPACE[1:]) and usage is not None \
+            and usage.free < 64 << 20
+        if nospc or _NO_SPACE[0] in text or torch_write:
+            free = (f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**30:.1f} GiB"
+                    if usage is not None else "free space unknown")
+            return DiskFull(errno.ENOSPC, f"disk full: no space left on the device of {folder} "
+                            f"({free}); free some space or move the run folder")
+        item = item.__cause__ or item.__context__
+    return None
 
 
 #: what Gloo and NCCL say when a collective fails because another rank went away
