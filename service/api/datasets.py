@@ -195,7 +195,8 @@ def delete_dataset(dataset_id: str, user: CurrentUser, session: SessionDep,
 async def upload_dataset(
     request: Request, response: Response, user: CurrentUser, session: SessionDep,
     settings: SettingsDep,
-    name: Annotated[str, Query(min_length=1, max_length=200, description="dataset name")],
+    name: Annotated[str, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
+                                         description="dataset name")],
 ) -> DatasetPublic:
     """Upload a dataset as a zip (request body ``application/zip``), streamed to disk.
 

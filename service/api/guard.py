@@ -4,7 +4,7 @@ Checked in this order, each before the next is spent on:
 
 1. the headers: at most ``max_header_count`` of them and ``max_header_bytes`` in all
    (431); the path and query at most ``max_url_chars`` (414), with no NUL or other
-   control character once percent-decoded (400);
+   control character once percent-decoded (a path: 404, it names nothing; a query: 422);
 2. a request with a body is authenticated before one byte of it is read (401; the same
    token rules as :func:`service.api.deps.authenticated_user`, so a route's own lookup
    then hits the token cache); only the sign-in form is exempt;
@@ -131,11 +131,12 @@ class RequestGuard:
         if len(raw_path) + len(query) > settings.max_url_chars:
             return problem_response(414, f"the URL has {len(raw_path) + len(query)} characters, "
                                     f"more than {settings.max_url_chars} (max_url_chars)")
-        for what, value in (("path", unquote_to_bytes(raw_path)),
-                            ("query", unquote_to_bytes(query.replace(b"+", b" ")))):
-            if any(c in _CONTROL for c in value):
-                return problem_response(400, f"the {what} of the URL holds a control character "
-                                        "(NUL, newline, ESC...)")
+        if any(c in _CONTROL for c in unquote_to_bytes(raw_path)):  # names nothing here
+            return problem_response(404, "not found: the path of the URL holds a control "
+                                    "character (NUL, newline, ESC...)")
+        if any(c in _CONTROL for c in unquote_to_bytes(query.replace(b"+", b" "))):
+            return problem_response(422, "query: a parameter holds a control character "
+                                    "(NUL, newline, ESC...)", field="query")
         return None
 
     async def _unauthenticated(self, scope: Scope, settings: Any) -> Any:

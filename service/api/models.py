@@ -152,7 +152,8 @@ async def _register(session: Session, settings: Settings, *, model_id: str, part
 async def upload_model(
     request: Request, user: CurrentUser, session: SessionDep, settings: SettingsDep,
     response: Response,
-    name: Annotated[str, Query(min_length=1, max_length=200, description="model name")],
+    name: Annotated[str, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
+                                         description="model name")],
 ) -> ModelPublic:
     """Upload a weights file (request body: the file's bytes), streamed to disk.
 

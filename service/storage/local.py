@@ -71,16 +71,17 @@ class ArtifactStore:
     def resolve(self, job_id: str, relpath: str) -> Path | None:
         """The file ``relpath`` inside the job's run dir, or None.
 
-        None when the path is absolute, has ``..``, leads (also through a symlink) outside
-        the run directory, or is not a regular file.
+        None when the path is absolute, has ``..`` or a NUL byte, leads (also through a
+        symlink) outside the run directory, or is not a regular file.
         """
         rel = PurePosixPath(relpath)
-        if not relpath or rel.is_absolute() or ".." in rel.parts or "\\" in relpath:
+        if not relpath or rel.is_absolute() or ".." in rel.parts or "\\" in relpath or \
+                "\0" in relpath or len(relpath) > 4096:
             return None
         base = self.run_dir(job_id).resolve()
         try:
             path = (base / rel).resolve(strict=True)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):
             return None
         if not path.is_relative_to(base) or not path.is_file():
             return None

@@ -188,8 +188,11 @@ def test_another_user_cannot_see_or_use_a_model(server, sessions, weights, data_
         # the owner's job resolves the id to the stored file, with the model's family rules
         ok = a.post("/v1/jobs", json=job)
         assert ok.status_code == 201, ok.text
-        assert ok.json()["model"] == str(Path(server.app.state.settings.model_root)
-                                         / f"{m['id']}.pt")
+        # (stored as the file's path; shown as the model id, never the service's folder)
+        assert ok.json()["model"] == m["id"]
+        with sessions() as s:
+            assert s.get(Job, ok.json()["id"]).model == str(
+                Path(server.app.state.settings.model_root) / f"{m['id']}.pt")
         bad = a.post("/v1/jobs", json={**job, "params": {"imgsz": 65}})
         assert bad.status_code == 422 and bad.json()["field"] == "params.imgsz"
         # a model a queued job starts from cannot be deleted
