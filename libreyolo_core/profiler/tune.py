@@ -820,7 +820,8 @@ def _result(tuner: _Tuner, resolved: Mapping[str, Any]) -> dict[str, Any]:
         answer += " [stopped at the time budget: not every candidate was measured]"
     elif tuner.status == "cancelled":
         answer += " [cancelled: not every candidate was measured]"
-    params = {k: v for k, v in tuner.base.items() if k != "device"}
+    # where this machine runs and keeps its caches: not parameters to train with
+    params = {k: v for k, v in tuner.base.items() if k not in ("device", "cache_dir")}
     if rec is not None:
         params.update(rec.changes)
     return {
