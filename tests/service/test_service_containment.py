@@ -155,6 +155,25 @@ def test_a_job_on_an_upload_shows_dataset_id_never_the_service_folder(server, al
         assert text == (f"dataset:{ds['id']}/sample/data.yaml: split 'train': 2 images\n"
                         f"saved job:{job['id']}/weights/best.pt\n"), text
         assert alice.get(f"/v1/jobs/{job['id']}").json()["data"] == f"dataset:{ds['id']}"
+        # the same lines as log events, and a run_start naming the yaml
+        import time
+
+        from service.ops import append_events
+
+        with server.app.state.sessions() as s:
+            append_events(s, job["id"], [
+                ("log", time.time(), {"lines": [f"{yaml_path}: split 'train'"]}),
+                ("status", time.time(), {"event": "run_start", "data": str(yaml_path)})])
+            s.commit()
+        events = alice.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+        assert events[-2]["data"]["lines"] == [f"dataset:{ds['id']}/sample/data.yaml: split 'train'"]
+        assert events[-1]["data"]["data"] == f"dataset:{ds['id']}/sample/data.yaml"
+        with alice.stream("GET", f"/v1/jobs/{job['id']}/events/stream",
+                          params={"after": events[-2]["seq"] - 1}) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:") and "run_start" in line:
+                    assert str(settings.upload_root) not in line and f"dataset:{ds['id']}" in line
+                    break
         page = alice.get(f"/jobs/{job['id']}")
         assert page.status_code == 200 and str(settings.upload_root) not in page.text
 
@@ -163,3 +182,26 @@ def test_cache_dir_is_a_reserved_param(alice, data_yaml):
     r = alice.post("/v1/jobs", json={"model": "yolo9-t", "data": data_yaml, "gpus": 0,
                                      "params": {"cache_dir": "/tmp/x"}})
     assert r.status_code == 422 and r.json()["field"] == "params.cache_dir", r.text
+
+
+def test_another_users_rows_are_reachable_by_no_id_route(eve, server, alice_upload):
+    """Every route that takes an id, tried by another user on the owner's job and
+    dataset: 404 (or a 422 naming the field), never the row."""
+    token, ds = alice_upload
+    with client(server.url, token) as alice:
+        job = _job(alice, ds["id"]).json()
+    jid, did = job["id"], ds["id"]
+    tries = [eve.get(f"/v1/jobs/{jid}"), eve.get(f"/v1/jobs/{jid}/events"),
+             eve.get(f"/v1/jobs/{jid}/events/stream"), eve.get(f"/v1/jobs/{jid}/logs"),
+             eve.get(f"/v1/jobs/{jid}/artifacts"), eve.get(f"/v1/jobs/{jid}/artifacts/train.log"),
+             eve.post(f"/v1/jobs/{jid}/cancel"), eve.post(f"/v1/jobs/{jid}/publish", json={"name": "x"}),
+             eve.get(f"/v1/datasets/{did}"), eve.delete(f"/v1/datasets/{did}"),
+             _job(eve, did), _job(eve, f"dataset:{did}"),
+             eve.post("/v1/jobs", json={"model": f"job:{jid}/weights/best.pt", "data": did, "gpus": 0}),
+             eve.get(f"/jobs/{jid}")]
+    # (a 404 may echo the id that was sent; it never shows the row: the dataset's name)
+    leaks = [(r.request.method, r.request.url.path, r.status_code) for r in tries
+             if r.status_code not in (404, 422) or ds["name"] in r.text]
+    print(f"cross-user id attempts: {len(tries)}, leaks: {len(leaks)}")
+    assert leaks == []
+    assert jid not in eve.get("/v1/jobs").text and did not in eve.get("/v1/datasets").text
