@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from service.api import artifacts, datasets, events, health, jobs, models
 from service.api.methods import OptionsMiddleware
+from service.api.outage import install_outage_handler
 from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
 from service.metrics import ServiceCollector
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     install_problem_handlers(app)
+    install_outage_handler(app, settings.retry_after_s)
     app.add_middleware(OptionsMiddleware, root=app)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,

@@ -41,6 +41,7 @@ from service.db.models import Job, utcnow
 from service.gang import Claim
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
+from service.outage import is_outage
 from service.scheduler import wake_gangs, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
@@ -58,6 +59,7 @@ from worker.outcome import (
 )
 from worker.process import EngineProcess, kill_leftovers, spawn_engine
 from worker.result import result_summary
+from worker.supervise import Outage
 from worker.tail import Observed, Tail
 
 __all__ = ["run_job", "run_next", "wake_gangs_on"]
@@ -78,6 +80,8 @@ class _Run:
         self.log = Tail(store.log_path(job.id), job.log_offset)
         self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines)
         self.kind = job.kind
+        # rows read but not yet committed (a database outage): written first next time
+        self._pending: tuple[list[Any], int, int] | None = None
 
     # -- database (through service.job_store) ------------------------------------------
     def _mine(self) -> list[Any]:
@@ -105,16 +109,21 @@ class _Run:
         Returns:
             True if something was written, False if nothing new, None if the lease is lost.
         """
-        lines, ev_off = self.events.read()
-        log_lines, log_off = self.log.read()
-        if not lines and not log_lines:
-            return False
-        batch = self.seen.take(lines, log_lines)
+        if self._pending is not None:  # read before an outage: the same rows, once
+            batch, ev_off, log_off = self._pending
+        else:
+            lines, ev_off = self.events.read()
+            log_lines, log_off = self.log.read()
+            if not lines and not log_lines:
+                return False
+            batch = self.seen.take(lines, log_lines)
+            self._pending = (batch, ev_off, log_off)
         with self.sessions() as s:
             last = append_events(s, self.job_id, batch, where=self._mine(),
                                  events_offset=ev_off, log_offset=log_off,
                                  progress=self.seen.progress or None, **self._lease())
             s.commit()
+        self._pending = None
         if last is None:
             return None
         self.events.offset, self.log.offset = ev_off, log_off
@@ -370,23 +379,32 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     started = time.monotonic()
     next_beat = started + settings.heartbeat_s
     lost = False
+    outage = Outage(run.job_id, settings.lease_s)
     while True:
         rc = engine.poll()
-        wrote = run.pump()
         now = time.monotonic()
-        if wrote is None:
-            lost = True
-        elif wrote or now >= next_beat:
-            beat = run.heartbeat()
-            next_beat = now + settings.heartbeat_s
-            if beat is None:
-                lost = True
-            elif beat[0] == JobStatus.CANCELLING:
-                engine.terminate(CANCEL)
-            if peers is not None and peers.check() is not None:
-                engine.terminate(nodes.NODE_LOST)
-        elif run.status() == JobStatus.CANCELLING:
-            engine.terminate(CANCEL)
+        if outage.due(now):
+            try:
+                wrote = run.pump()
+                now = time.monotonic()
+                if wrote is None:
+                    lost = True
+                elif wrote or now >= next_beat or outage.down:
+                    beat = run.heartbeat()
+                    next_beat = now + settings.heartbeat_s
+                    if beat is None:
+                        lost = True
+                    elif beat[0] == JobStatus.CANCELLING:
+                        engine.terminate(CANCEL)
+                    if peers is not None and peers.check() is not None:
+                        engine.terminate(nodes.NODE_LOST)
+                elif run.status() == JobStatus.CANCELLING:
+                    engine.terminate(CANCEL)
+                outage.up(now)
+            except Exception as exc:  # the database is away: keep the engine, retry
+                if not is_outage(exc):
+                    raise
+                outage.failed(now, exc)
         if lost:
             log.warning("job %s: lease lost; stopping the engine", run.job_id)
             engine.terminate(LEASE_LOST)
@@ -399,14 +417,22 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
             break
         time.sleep(settings.poll_interval_s)
     engine.kill_group()  # loader workers or ranks left behind
-    if run.pump() is None:
+    if outage.retry(run.pump) is None:
         lost = True
+    if not lost:  # catch up: the last events may have waited for the database
+        while (wrote := outage.retry(run.pump)) is True:
+            pass
+        lost = wrote is None
     if peers is not None and rc is not None:  # node 0's exit, as the other nodes record theirs
-        with run.sessions() as s:
-            gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
-                                  node_rank=0, worker_id=run.worker_id, exit_code=rc,
-                                  stop=engine.stop_reason, detail="\n".join(run.seen.log_tail))
-            s.commit()
+        def record() -> None:
+            with run.sessions() as s:
+                gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
+                                      node_rank=0, worker_id=run.worker_id, exit_code=rc,
+                                      stop=engine.stop_reason,
+                                      detail="\n".join(run.seen.log_tail))
+                s.commit()
+
+        outage.retry(record)
     action = after_exit(lost=lost, stop_reason=engine.stop_reason)
     if action == "lost":
         return "lost"
@@ -420,7 +446,8 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
             if peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s):
                 return _node_lost(run, job, peers, on_requeue)
     if action == "hand back":
-        if run.hand_back(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
+        if outage.retry(lambda: run.hand_back(
+                f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}")):
             if on_requeue is not None:
                 try:
                     for _ in range(job.nodes):  # one wake-up per node to gather
@@ -432,7 +459,8 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
     result = result_summary(run.seen, run.run_dir, run.kind)
-    if not run.finish(outcome.status, result=result, error=outcome.error, event=outcome.event):
+    if not outage.retry(lambda: run.finish(outcome.status, result=result, error=outcome.error,
+                                           event=outcome.event)):
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, outcome.status, rc)
     return outcome.status
