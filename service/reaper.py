@@ -56,7 +56,8 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
     freed: set[str] = set()  # owners with one running job less
     with sessions() as session:
         for lease in expired_leases(session=session, now=now):
-            status = expire(session=session, lease=lease, now=now, store=store)
+            status = expire(session=session, lease=lease, now=now, store=store,
+                            max_infra_retries=settings.max_infra_retries)
             if status == JobStatus.QUEUED:
                 counts["requeued"] += 1
                 to_send.extend([(lease.id, lease.queue, lease.priority)] * max(1, lease.nodes))

@@ -35,9 +35,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from libreyolo_core.engine.watchdog import FACTOR_ENV as HANG_FACTOR_ENV
+from libreyolo_core.engine.watchdog import MIN_S_ENV as HANG_MIN_S_ENV
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
 from service import gang, job_store
 from service.db.models import Job, utcnow
+from service.ends import INFRASTRUCTURE, JOB
 from service.gang import Claim
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
@@ -53,6 +56,7 @@ from worker.outcome import (
     LEASE_LOST,
     TIME_BUDGET,
     WORKER_SHUTDOWN,
+    Outcome,
     after_exit,
     exit_outcome,
     read_engine_error,
@@ -136,7 +140,8 @@ class _Run:
             s.commit()
 
     def finish(self, status: JobStatus, *, result: dict[str, Any] | None,
-               error: dict[str, Any] | None, event: dict[str, Any]) -> bool:
+               error: dict[str, Any] | None, event: dict[str, Any],
+               end_class: str | None = None, why: str | None = None) -> bool:
         """Record artifacts and the final status (only while this worker holds the lease)."""
         artifacts = []
         for rel, path in self.store.list_files(self.job_id):
@@ -150,7 +155,8 @@ class _Run:
         with self.sessions() as s:
             ok = job_store.finish(session=s, job_id=self.job_id, worker_id=self.worker_id,
                                   status=status, result=result, error=error, event=event,
-                                  progress=self.seen.progress or None, artifacts=artifacts)
+                                  progress=self.seen.progress or None, artifacts=artifacts,
+                                  end_class=end_class, why=why)
             if ok:
                 s.commit()
             else:
@@ -341,6 +347,8 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     env = build_env(gpu_ids, job.gpus)
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
+    env[HANG_FACTOR_ENV] = f"{settings.hang_factor:g}"  # the engine's hang watchdog
+    env[HANG_MIN_S_ENV] = f"{settings.hang_min_s:g}"
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
@@ -458,12 +466,43 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     outcome = exit_outcome(rc, stop_reason=engine.stop_reason, run_end=run.seen.run_end,
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
+    if outcome.status == JobStatus.FAILED and outcome.end_class == INFRASTRUCTURE:
+        return _requeue_infra(run, job, outcome, outage, on_requeue)
     result = result_summary(run.seen, run.run_dir, run.kind)
     if not outage.retry(lambda: run.finish(outcome.status, result=result, error=outcome.error,
-                                           event=outcome.event)):
+                                           event=outcome.event, end_class=outcome.end_class,
+                                           why=outcome.why)):
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, outcome.status, rc)
     return outcome.status
+
+
+def _requeue_infra(run: _Run, job: Job, outcome: Outcome, outage: Outage,
+                   on_requeue: Any) -> str:
+    """The engine ended for a reason of the infrastructure (a hang, the host's OOM killer,
+    a full disk): :func:`service.job_store.requeue_infra` (re-queued on the infrastructure
+    budget to resume from last.pt, or failed once it is spent); wake-ups for a re-queue."""
+    log.warning("job %s: infrastructure: %s", run.job_id, outcome.why)
+
+    def requeue() -> JobStatus | None:
+        with run.sessions() as s:
+            status = job_store.requeue_infra(
+                session=s, job_id=run.job_id, worker_id=run.worker_id, why=outcome.why or "",
+                error=outcome.error or {}, progress=run.seen.progress or None, store=run.store,
+                max_infra_retries=run.settings.max_infra_retries)
+            s.commit()
+        return status
+
+    status = outage.retry(requeue)
+    if status is None:
+        return "lost"
+    if status == JobStatus.QUEUED and on_requeue is not None:
+        try:
+            for _ in range(job.nodes):
+                on_requeue(run.job_id, job.queue, job.priority)
+        except Exception:
+            log.exception("job %s: could not re-send (the reaper will)", run.job_id)
+    return status
 
 
 def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
@@ -472,6 +511,14 @@ def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
     (re-queued as one whole attempt, or failed); wake-ups for every node of a re-queued job."""
     node = peers.lost[0] if peers.lost is not None else None
     reason = peers.describe()
+    if node is not None and node.stop is None and node.exit_code in (2, 3, 4):
+        # the other node's config, data or model error: the job's own, it fails at once
+        log.warning("job %s: %s", run.job_id, reason)
+        ok = run.finish(JobStatus.FAILED, result=None,
+                        error={"reason": reason, "exit_code": node.exit_code},
+                        event={"reason": reason, "exit_code": node.exit_code},
+                        end_class=JOB, why=reason)
+        return JobStatus.FAILED if ok else "lost"
     if node is not None and node.stop == WORKER_SHUTDOWN:
         ok = run.hand_back(f"{reason}; re-queued, {run.store.resume_note(run.job_id)}")
         status: str | None = JobStatus.QUEUED if ok else None
@@ -480,7 +527,8 @@ def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
         with run.sessions() as s:
             status = job_store.node_lost(session=s, job_id=run.job_id, worker_id=run.worker_id,
                                          reason=reason, progress=run.seen.progress or None,
-                                         store=run.store)
+                                         store=run.store,
+                                         max_infra_retries=run.settings.max_infra_retries)
             s.commit()
     if status is None:
         return "lost"

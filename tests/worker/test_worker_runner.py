@@ -217,10 +217,15 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["requeued"] == 1 and sent == [(job_id, "cpu", 0)]
     assert job_row(sessions, job_id).status == "queued"
-    assert "attempt 2 of 3, resuming from last.pt" in _requeue_reasons(sessions, job_id)[-1]
+    reason = _requeue_reasons(sessions, job_id)[-1]
+    assert "re-queued for attempt 2 (infrastructure retry 1 of 10), resuming from last.pt" \
+        in reason, reason
+    requeued = job_row(sessions, job_id)
+    assert (requeued.end_class, requeued.end_reason, requeued.infra_retries) == \
+        ("infrastructure", "lease expired (worker lost)", 1)
     assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
     job = job_row(sessions, job_id)
-    assert job.attempt == 2
+    assert job.attempt == 2 and job.end_class is None  # a success clears the last end
     spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
     assert spec["resume"] == str(run / "weights" / "last.pt")
     evs = events(sessions, job_id)
@@ -246,13 +251,24 @@ def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions)
         s.commit()
     assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
     [reason] = _requeue_reasons(sessions, job_id)
-    assert "attempt 2 of 3, starting again (no last.pt yet)" in reason and "resuming" not in reason
+    assert "attempt 2 (infrastructure retry 1 of 10), starting again (no last.pt yet)" \
+        in reason and "resuming" not in reason
 
 
-def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):
+def test_reaper_fails_after_the_infrastructure_budget_and_resends_lost_messages(
+        make_settings, db_url, sessions):
+    """A lost worker is an infrastructure end: re-queued while infra_retries is below
+    max_infra_retries (attempt 3 of max_attempts 3 does not matter), then failed."""
+    settings = make_settings(db_url, max_infra_retries=2)
     job_id = new_job(sessions)
     with sessions() as s:
         transition(s, job_id, CLAIM, attempt=3, lease_owner="dead:1",
+                   lease_expires_at=utcnow())
+        s.commit()
+    assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
+    with sessions() as s:  # claimed again by a worker that dies too; its budget is spent
+        s.get(Job, job_id).infra_retries = 2
+        transition(s, job_id, CLAIM, attempt=4, lease_owner="dead:2",
                    lease_expires_at=utcnow())
         s.commit()
     lost = new_job(sessions)
@@ -263,7 +279,8 @@ def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, ses
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["failed"] == 1 and counts["resent"] >= 1
     job = job_row(sessions, job_id)
-    assert job.status == "failed" and "attempt 3 of 3" in job.error["reason"]
+    assert job.status == "failed" and job.end_class == "infrastructure"
+    assert "on attempt 4, after 2 infrastructure retries" in job.error["reason"], job.error
     assert (lost, "cpu", 0) in sent
     assert reap_once(sessions, settings, lambda *a: sent.append(a))["resent"] == 0
 
