@@ -8,19 +8,20 @@ costs a job nothing.
 
 from __future__ import annotations
 
-__all__ = ["TRANSIENT_DB", "is_outage", "what_is_down"]
+__all__ = ["TRANSIENT_DB", "broker_errors", "is_outage", "what_is_down"]
 
 from sqlalchemy import exc as sa_exc
 
 #: SQLAlchemy errors of a lost or refused connection (``DBAPIError`` with
 #: ``connection_invalidated`` counts too, see :func:`is_outage`).
-TRANSIENT_DB: tuple[type[BaseException], ...] = (
+TRANSIENT_DB: tuple[type[Exception], ...] = (
     sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
     sa_exc.DisconnectionError)
 
 
-def _broker_errors() -> tuple[type[BaseException], ...]:
-    out: list[type[BaseException]] = []
+def broker_errors() -> tuple[type[Exception], ...]:
+    """The broker clients' connection errors (kombu's, redis-py's when installed)."""
+    out: list[type[Exception]] = []
     try:
         from kombu.exceptions import OperationalError as KombuOperationalError
 
@@ -42,7 +43,7 @@ def what_is_down(exc: BaseException) -> str | None:
     (or an exception it was raised from) says is unreachable."""
     seen: set[int] = set()
     cur: BaseException | None = exc
-    broker = _broker_errors()
+    broker = broker_errors()
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, TRANSIENT_DB) or (

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from service.api.problems import problem_response
-from service.outage import TRANSIENT_DB, _broker_errors, what_is_down
+from service.outage import TRANSIENT_DB, broker_errors, what_is_down
 
 __all__ = ["install_outage_handler"]
 
@@ -35,5 +35,5 @@ def install_outage_handler(app: FastAPI, retry_after_s: int) -> None:
                                 instance=request.url.path,
                                 headers={"Retry-After": str(retry_after_s)})
 
-    for exc_type in (*TRANSIENT_DB, *_broker_errors()):
+    for exc_type in (*TRANSIENT_DB, *broker_errors()):
         app.add_exception_handler(exc_type, _outage)
