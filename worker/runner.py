@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from libreyolo_core.engine.fence import FENCE_FILE_ENV
+from libreyolo_core.engine.fence import TOKEN_ENV as FENCE_TOKEN_ENV
 from libreyolo_core.engine.watchdog import FACTOR_ENV as HANG_FACTOR_ENV
 from libreyolo_core.engine.watchdog import MIN_S_ENV as HANG_MIN_S_ENV
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
@@ -80,9 +84,12 @@ class _Run:
         self.worker_id, self.store = worker_id, store
         self.job_dir = store.job_dir(job.id)
         self.run_dir = store.run_dir(job.id)
+        # this attempt's fence token (libreyolo_core.engine.fence): unique per attempt
+        self.token = f"{job.attempt}.{secrets.token_hex(6)}"
         self.events = Tail(self.run_dir / "events.jsonl", job.events_offset)
         self.log = Tail(store.log_path(job.id), job.log_offset)
-        self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines)
+        self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines,
+                             attempt_token=self.token)
         self.kind = job.kind
         # rows read but not yet committed (a database outage): written first next time
         self._pending: tuple[list[Any], int, int] | None = None
@@ -120,7 +127,7 @@ class _Run:
             log_lines, log_off = self.log.read()
             if not lines and not log_lines:
                 return False
-            batch = self.seen.take(lines, log_lines)
+            batch = self.seen.take(lines, log_lines, start=self.events.offset)
             self._pending = (batch, ev_off, log_off)
         with self.sessions() as s:
             last = append_events(s, self.job_id, batch, where=self._mine(),
@@ -325,6 +332,11 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
         leftovers += nodes.kill_earlier(sessions, job_id, claim.attempt, run.job_dir)
     if leftovers:  # process groups of an earlier attempt (crash or hand-back)
         log.warning("job %s: killed %d leftover engine processes", job_id, leftovers)
+    if claim.node_rank == 0:  # rank 0 (on node 0) writes every event and checkpoint
+        # before last.pt is chosen: from here on an earlier attempt's engine, on any host,
+        # writes nothing; what it wrote before is this attempt's starting point
+        _raise_fence(run.job_dir / FENCE_FILE, run.token)
+        run.seen.fence_offset = _size(run.run_dir / "events.jsonl")
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
@@ -345,6 +357,8 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
             return JobStatus.FAILED
     argv = command(spec_path, world_size(job.gpus, job.procs), settings, launch)
     env = build_env(gpu_ids, job.gpus)
+    if claim.node_rank == 0:
+        env[FENCE_TOKEN_ENV], env[FENCE_FILE_ENV] = run.token, str(run.job_dir / FENCE_FILE)
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
     env[HANG_FACTOR_ENV] = f"{settings.hang_factor:g}"  # the engine's hang watchdog
@@ -375,6 +389,26 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     run.record_pid(proc.pid)
     peers = nodes.Peers(sessions, claim, worker_id, settings) if multi else None
     return _watch(run, engine, job, stop, on_requeue, peers)
+
+
+#: the job folder's fence file: the token of the attempt that holds the job
+FENCE_FILE = "attempt.fence"
+
+
+def _raise_fence(path: Path, token: str) -> None:
+    """Make ``token`` the job's current attempt (atomically): from now on an engine of an
+    earlier attempt, on any host that shares the artifact store, writes no event and no
+    checkpoint (:func:`libreyolo_core.engine.fence.check`)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    tmp.write_text(token + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | None,
