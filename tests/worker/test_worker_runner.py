@@ -324,3 +324,32 @@ def test_poll_interval_step_sets_polling_transports_only():
     step.start(step.__new__(step), evented)
     assert polling.connection.transport.polling_interval == 0.1
     assert evented.connection.transport.polling_interval is None
+
+
+def test_an_infrastructure_exit_requeues_on_its_own_budget_then_fails(make_settings, db_url,
+                                                                      sessions):
+    """The engine's watchdog exit (5, a hang) is an infrastructure end: re-queued without
+    using an attempt while max_infra_retries allows, then failed naming the budget. A data
+    error (exit 3) is the job's: failed at once."""
+    settings = make_settings(db_url, max_infra_retries=1)
+    job_id = new_job(sessions, {"epochs": 2, "fake_exit": 5})
+    sent = []
+    assert run_job(job_id, settings=settings, sessions=sessions,
+                   on_requeue=lambda *a: sent.append(a)) == "queued"
+    job = job_row(sessions, job_id)
+    assert (job.status, job.end_class, job.infra_retries) == ("queued", "infrastructure", 1)
+    assert sent[0] == (job_id, "cpu", 0)
+    reason = _requeue_reasons(sessions, job_id)[-1]
+    assert reason.startswith("infrastructure: DatasetError: data broke; re-queued for attempt "
+                             "2 (infrastructure retry 1 of 1)"), reason
+    assert run_job(job_id, settings=settings, sessions=sessions) == "failed"
+    job = job_row(sessions, job_id)
+    assert job.end_class == "infrastructure" and job.attempt == 2
+    assert job.error["reason"].endswith("after 1 infrastructure retries"), job.error
+    assert job.error["exit_code"] == 5
+
+    data_error = new_job(sessions, {"epochs": 2, "fake_exit": 3})
+    assert run_job(data_error, settings=settings, sessions=sessions) == "failed"
+    job = job_row(sessions, data_error)
+    assert (job.end_class, job.attempt, job.infra_retries) == ("job", 1, 0)
+    assert job.end_reason == "data error: DatasetError: data broke"
