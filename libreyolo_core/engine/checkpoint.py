@@ -105,7 +105,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-        fence.check(f"checkpoint {path.name}")  # again: the save may have taken a while
+        fence.check(f"checkpoint {path.name}", leftover=tmp)  # again: the save took a while
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

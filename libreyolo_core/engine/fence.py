@@ -17,6 +17,7 @@ Outside the service (no ``$LIBREYOLO_ATTEMPT_TOKEN``) there is no fence.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -45,10 +46,11 @@ def current() -> str | None:
         return None
 
 
-def check(what: str) -> None:
+def check(what: str, leftover: str | os.PathLike[str] | None = None) -> None:
     """End this process at once (exit :data:`EXIT_FENCED`) when a newer attempt holds the
-    job; ``what`` names the write that was refused. A fence file that cannot be read does
-    not stop the engine (a shared folder's hiccup is not a newer attempt)."""
+    job; ``what`` names the write that was refused, ``leftover`` a temporary file of that
+    write to remove first. A fence file that cannot be read does not stop the engine (a
+    shared folder's hiccup is not a newer attempt)."""
     mine = token()
     if mine is None:
         return
@@ -56,6 +58,9 @@ def check(what: str) -> None:
     if now is None or now == mine:
         return
     try:
+        if leftover is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         sys.stderr.write(f"error: fenced: this engine runs attempt {mine}, but attempt {now} "
                          f"of the job has started; {what} not written, stopping now\n")
         sys.stderr.flush()
