@@ -67,6 +67,13 @@ class JobInfo(_Model):
     status: str
     attempt: int = 0
     max_attempts: int = 1
+    #: how the last attempt ended: "infrastructure" (re-queued, no attempt used), "job"
+    #: (failed at once) or "user" (cancel); None while the first runs and after a success
+    end_class: str | None = None
+    #: why it ended so
+    end_reason: str | None = None
+    #: re-queues after infrastructure ends so far
+    infra_retries: int = 0
     cancel_requested: bool = False
     time_budget_s: float | None = None
     #: a tune job's options (repeat, warmup, steps, max_candidates, budget_s, min_gain)

@@ -375,6 +375,10 @@ def show(
                    f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
                    + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
                    + (f": {i.waiting}" if i.waiting else ""))
+        if i.end_class:  # how the last attempt ended: infrastructure, job or user
+            retries = f" ({i.infra_retries} infrastructure re-queue" \
+                      f"{'s' if i.infra_retries != 1 else ''})" if i.infra_retries else ""
+            typer.echo(f"ended:    {i.end_class}: {i.end_reason or ''}{retries}".rstrip())
         for line in node_lines(i):
             typer.echo(line)
         if i.status == "queued" and queue_text(i):

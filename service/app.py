@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,11 +17,12 @@ from prometheus_client import CollectorRegistry
 from service.api import admin, artifacts, datasets, events, health, jobs, models
 from service.api.guard import RequestGuard
 from service.api.methods import OptionsMiddleware
+from service.api.outage import install_outage_handler
 from service.api.problems import document_problems, install_problem_handlers
 from service.db.session import make_engine, make_session_factory
 from service.metrics import ServiceCollector
 from service.outlook_cache import OutlookCache
-from service.queue import create_celery, enqueue
+from service.queue import broker_epoch, create_celery, enqueue
 from service.reaper import reaper_loop
 from service.settings import Settings
 from service.storage import ArtifactStore
@@ -69,7 +71,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.ensure_dirs()
         async with anyio.create_task_group() as tg:
             if settings.reaper_enabled:
-                tg.start_soon(reaper_loop, app.state.sessions, settings, app.state.send)
+                tg.start_soon(functools.partial(
+                    reaper_loop, app.state.sessions, settings, app.state.send,
+                    epoch=lambda: broker_epoch(celery)))
             tg.start_soon(app.state.notifier.run)
             try:
                 yield
@@ -102,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     install_problem_handlers(app)
+    install_outage_handler(app, settings.retry_after_s)
     app.add_middleware(OptionsMiddleware, root=app)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,

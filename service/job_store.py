@@ -16,6 +16,7 @@ from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Artifact, Job, JobNode, User, utcnow
+from service.ends import INFRASTRUCTURE, USER, retry_note
 from service.gang import Claim, NodeAddress
 from service.lifecycle import (
     ACTIVE,
@@ -27,6 +28,7 @@ from service.lifecycle import (
     NODE_LOST,
     REQUEST_CANCEL,
     REQUEUE_EXPIRED,
+    REQUEUE_INFRA,
     JobStatus,
 )
 from service.ops import transition
@@ -36,7 +38,11 @@ from service.storage import ArtifactStore
 from service.users import owns, visible_to
 
 __all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
-           "node_lost", "request_cancel", "expired_leases", "expire"]
+           "node_lost", "requeue_infra", "request_cancel", "expired_leases", "expire",
+           "DEFAULT_MAX_INFRA_RETRIES"]
+
+#: ``Settings.max_infra_retries``'s default (callers pass the setting)
+DEFAULT_MAX_INFRA_RETRIES = 10
 
 
 def get_owned(*, session: Session, job_id: str, user: User) -> Job | None:
@@ -112,10 +118,14 @@ def renew_lease(*, session: Session, job_id: str, worker_id: str,
 def finish(*, session: Session, job_id: str, worker_id: str, status: JobStatus,
            result: dict[str, Any] | None, error: dict[str, Any] | None,
            event: dict[str, Any], progress: dict[str, Any] | None,
-           artifacts: list[dict[str, Any]]) -> bool:
+           artifacts: list[dict[str, Any]], end_class: str | None = None,
+           why: str | None = None) -> bool:
     """End ``worker_id``'s attempt (the transition ``finish``: running or cancelling ->
     ``status``) and replace the job's artifact rows with ``artifacts`` (``artifacts``
     table columns). Only while ``worker_id`` holds the lease.
+
+    ``end_class`` and ``why`` (:mod:`service.ends`; None for a success) go on the row
+    and into the status event.
 
     Returns:
         True if this call ended the job; False (nothing written) when the lease is lost.
@@ -123,10 +133,13 @@ def finish(*, session: Session, job_id: str, worker_id: str, status: JobStatus,
     Raises:
         TransitionError: ``status`` is not succeeded, failed or cancelled.
     """
+    if end_class:
+        event = {**event, "end_class": end_class, "why": why}
     ok = transition(session, job_id, FINISH, status,
                     extra_where=[Job.lease_owner == worker_id], event=event,
                     finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
-                    result=result, error=error, progress=progress)
+                    result=result, error=error, progress=progress, end_class=end_class,
+                    end_reason=why)
     if ok:
         session.execute(delete(Artifact).where(Artifact.job_id == job_id))
         if artifacts:
@@ -150,9 +163,10 @@ def hand_back(*, session: Session, job_id: str, worker_id: str, reason: str,
     """
     now = utcnow()
     ok = transition(session, job_id, HAND_BACK, extra_where=[Job.lease_owner == worker_id],
-                    event={"reason": reason}, lease_owner=None, lease_expires_at=None,
+                    event={"reason": reason, "end_class": INFRASTRUCTURE, "why": reason},
+                    lease_owner=None, lease_expires_at=None,
                     enqueued_at=now, sent_at=now, progress=progress,
-                    attempt=Job.attempt - 1)
+                    attempt=Job.attempt - 1, end_class=INFRASTRUCTURE, end_reason=reason)
     if ok:  # the next attempt reuses the number: a multi-node job's old node slots go
         session.execute(delete(JobNode).where(
             JobNode.job_id == job_id,
@@ -161,33 +175,72 @@ def hand_back(*, session: Session, job_id: str, worker_id: str, reason: str,
 
 
 def node_lost(*, session: Session, job_id: str, worker_id: str, reason: str,
-              progress: dict[str, Any] | None, store: ArtifactStore) -> JobStatus | None:
+              progress: dict[str, Any] | None, store: ArtifactStore,
+              max_infra_retries: int = DEFAULT_MAX_INFRA_RETRIES) -> JobStatus | None:
     """End the attempt of a multi-node job one of whose nodes was lost (the transition
     ``node_lost``, made by node 0's worker, ``worker_id``, once its own engine has
-    stopped): back to ``queued`` to resume from ``last.pt`` as one whole attempt while
-    ``attempt < max_attempts``, else ``failed`` with ``reason``.
+    stopped), an infrastructure end: back to ``queued`` to resume from ``last.pt`` as one
+    whole attempt while ``infra_retries < max_infra_retries``, else ``failed`` with ``reason``.
 
     Returns:
         The new status, or None when ``worker_id`` no longer holds the job (nothing written).
     """
-    row = session.execute(select(Job.attempt, Job.max_attempts)
+    row = session.execute(select(Job.attempt, Job.infra_retries)
                           .where(Job.id == job_id, *held_by(worker_id))).first()
     if row is None:
         return None
-    attempt, max_attempts = row
+    attempt, retries = row
     now = utcnow()
     mine = [Job.lease_owner == worker_id, Job.attempt == attempt]
-    lost = {"lease_owner": None, "lease_expires_at": None, "progress": progress}
-    if attempt < max_attempts:
-        why = f"{reason}; re-queued for attempt {attempt + 1} of {max_attempts} on every " \
+    lost = {"lease_owner": None, "lease_expires_at": None, "progress": progress,
+            "end_class": INFRASTRUCTURE, "end_reason": reason}
+    end = {"end_class": INFRASTRUCTURE, "why": reason}
+    if retries < max_infra_retries:
+        why = f"{reason}; {retry_note(attempt, retries + 1, max_infra_retries)} on every " \
               f"node, {store.resume_note(job_id)}"
         done = transition(session, job_id, NODE_LOST, JobStatus.QUEUED, extra_where=mine,
-                          enqueued_at=now, sent_at=now, event={"reason": why}, **lost)
+                          enqueued_at=now, sent_at=now, event={"reason": why, **end},
+                          infra_retries=Job.infra_retries + 1, **lost)
         return JobStatus.QUEUED if done else None
-    why = f"{reason} on attempt {attempt} of {max_attempts}"
+    why = f"{reason} on attempt {attempt}, after {retries} infrastructure retries"
     done = transition(session, job_id, NODE_LOST, JobStatus.FAILED, extra_where=mine,
                       finished_at=now, error={"reason": why, "exit_code": None},
-                      event={"reason": why}, **lost)
+                      event={"reason": why, **end}, **lost)
+    return JobStatus.FAILED if done else None
+
+
+def requeue_infra(*, session: Session, job_id: str, worker_id: str, why: str,
+                  error: dict[str, Any], progress: dict[str, Any] | None,
+                  store: ArtifactStore, max_infra_retries: int) -> JobStatus | None:
+    """End ``worker_id``'s attempt whose engine ended for a reason of the infrastructure
+    (a hang, the host's OOM killer, a full disk; the transition ``requeue_infra``): back
+    to ``queued`` to resume from ``last.pt`` while ``infra_retries < max_infra_retries``
+    (no attempt of ``max_attempts`` used), else ``failed`` with ``error``.
+
+    Returns:
+        The new status, or None when ``worker_id`` no longer holds the job (nothing written).
+    """
+    row = session.execute(select(Job.attempt, Job.infra_retries)
+                          .where(Job.id == job_id, *held_by(worker_id))).first()
+    if row is None:
+        return None
+    attempt, retries = row
+    now = utcnow()
+    mine = [Job.lease_owner == worker_id, Job.attempt == attempt]
+    ended = {"lease_owner": None, "lease_expires_at": None, "progress": progress,
+             "end_class": INFRASTRUCTURE, "end_reason": why}
+    end = {"end_class": INFRASTRUCTURE, "why": why, "exit_code": error.get("exit_code")}
+    if retries < max_infra_retries:
+        reason = f"infrastructure: {why}; {retry_note(attempt, retries + 1, max_infra_retries)}" \
+                 f", {store.resume_note(job_id)}"
+        done = transition(session, job_id, REQUEUE_INFRA, JobStatus.QUEUED, extra_where=mine,
+                          enqueued_at=now, sent_at=now, event={"reason": reason, **end},
+                          infra_retries=Job.infra_retries + 1, **ended)
+        return JobStatus.QUEUED if done else None
+    reason = f"infrastructure: {why}, after {retries} infrastructure retries"
+    done = transition(session, job_id, REQUEUE_INFRA, JobStatus.FAILED, extra_where=mine,
+                      finished_at=now, error={**error, "reason": reason},
+                      event={"reason": reason, **end}, **ended)
     return JobStatus.FAILED if done else None
 
 
@@ -201,7 +254,9 @@ def request_cancel(*, session: Session, job_id: str) -> bool:
     """
     if transition(session, job_id, CANCEL_QUEUED, cancel_requested=True,
                   finished_at=utcnow(), lease_owner=None, lease_expires_at=None,
-                  event={"reason": "cancelled while queued"}):
+                  end_class=USER, end_reason="cancelled while queued",
+                  event={"reason": "cancelled while queued", "end_class": USER,
+                         "why": "cancelled while queued"}):
         return True
     transition(session, job_id, REQUEST_CANCEL, cancel_requested=True)
     return False
@@ -210,46 +265,53 @@ def request_cancel(*, session: Session, job_id: str) -> bool:
 def expired_leases(*, session: Session, now: datetime) -> list[Row]:
     """Running and cancelling jobs whose lease expired before ``now`` (their worker died):
     rows of ``id, status, attempt, max_attempts, queue, priority, lease_expires_at,
-    owner_id, nodes, lease_owner``. (A multi-node job's lease is node 0's; node 0's worker
+    owner_id, nodes, lease_owner, infra_retries``. (A multi-node job's lease is node 0's; node 0's worker
     watches the other nodes' leases itself, :func:`service.gang.lost_nodes`.)"""
     return list(session.execute(
         select(Job.id, Job.status, Job.attempt, Job.max_attempts, Job.queue, Job.priority,
-               Job.lease_expires_at, Job.owner_id, Job.nodes, Job.lease_owner)
+               Job.lease_expires_at, Job.owner_id, Job.nodes, Job.lease_owner,
+               Job.infra_retries)
         .where(Job.status.in_(ACTIVE), Job.lease_expires_at < now)
     ).all())
 
 
-def expire(*, session: Session, lease: Row, now: datetime,
-           store: ArtifactStore) -> JobStatus | None:
+def expire(*, session: Session, lease: Row, now: datetime, store: ArtifactStore,
+           max_infra_retries: int = DEFAULT_MAX_INFRA_RETRIES) -> JobStatus | None:
     """Recover one job of :func:`expired_leases`: a cancelling one becomes ``cancelled``
-    (``cancel_expired``); a running one goes back to ``queued`` (``requeue_expired``; its
+    (``cancel_expired``, a ``user`` end); a running one (an ``infrastructure`` end: its
+    worker was lost, stopped or cut off) goes back to ``queued`` (``requeue_expired``; its
     event says whether the next run resumes from ``last.pt``, ``store.resume_note``) while
-    ``attempt < max_attempts``, else ``failed`` with the reason (``fail_expired``). Only if
-    the lease is still the one read (no worker renewed it meanwhile).
+    ``infra_retries < max_infra_retries`` (no attempt of ``max_attempts`` used), else
+    ``failed`` with the reason (``fail_expired``). Only if the lease is still the one read
+    (no worker renewed it meanwhile).
 
     Returns:
         The job's new status, or None when it changed meanwhile (nothing written).
     """
     same_lease = [Job.lease_expires_at == lease.lease_expires_at]
-    lost = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see the runner
-    attempt, max_attempts = lease.attempt, lease.max_attempts
+    lost: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}  # pid kept: see the runner
+    attempt, retries = lease.attempt, lease.infra_retries or 0
     lost_what = "lease expired (worker lost)"
     if (lease.nodes or 1) > 1:  # the job's lease is node 0's
         lost_what = f"node 0 (worker {lease.lease_owner}) lost: its lease expired"
     if lease.status == JobStatus.CANCELLING:
+        why = "worker lost while cancelling"
         done = transition(session, lease.id, CANCEL_EXPIRED, extra_where=same_lease,
-                          finished_at=now, event={"reason": "worker lost while cancelling"},
-                          **lost)
+                          finished_at=now, end_class=USER, end_reason=why,
+                          event={"reason": why, "end_class": USER, "why": why}, **lost)
         return JobStatus.CANCELLED if done else None
-    if attempt < max_attempts:
-        reason = f"{lost_what}; re-queued for attempt {attempt + 1} " \
-                 f"of {max_attempts}{' on every node' if (lease.nodes or 1) > 1 else ''}, " \
+    end = {"end_class": INFRASTRUCTURE, "why": lost_what}
+    lost.update(end_class=INFRASTRUCTURE, end_reason=lost_what)
+    if retries < max_infra_retries:
+        reason = f"{lost_what}; {retry_note(attempt, retries + 1, max_infra_retries)}" \
+                 f"{' on every node' if (lease.nodes or 1) > 1 else ''}, " \
                  f"{store.resume_note(lease.id)}"
         done = transition(session, lease.id, REQUEUE_EXPIRED, extra_where=same_lease,
-                          enqueued_at=now, sent_at=now, event={"reason": reason}, **lost)
+                          enqueued_at=now, sent_at=now, event={"reason": reason, **end},
+                          infra_retries=Job.infra_retries + 1, **lost)
         return JobStatus.QUEUED if done else None
-    reason = f"{lost_what} on attempt {attempt} of {max_attempts}"
+    reason = f"{lost_what} on attempt {attempt}, after {retries} infrastructure retries"
     done = transition(session, lease.id, FAIL_EXPIRED, extra_where=same_lease,
                       finished_at=now, error={"reason": reason, "exit_code": None},
-                      event={"reason": reason}, **lost)
+                      event={"reason": reason, **end}, **lost)
     return JobStatus.FAILED if done else None

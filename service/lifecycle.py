@@ -15,7 +15,7 @@ from enum import StrEnum
 
 __all__ = ["JobStatus", "ACTIVE", "TERMINAL", "Transition", "TransitionError", "CLAIM",
            "CANCEL_QUEUED", "REQUEST_CANCEL", "HAND_BACK", "FINISH", "REQUEUE_EXPIRED",
-           "FAIL_EXPIRED", "CANCEL_EXPIRED", "NODE_LOST", "TRANSITIONS", "EDGES"]
+           "FAIL_EXPIRED", "CANCEL_EXPIRED", "NODE_LOST", "REQUEUE_INFRA", "TRANSITIONS", "EDGES"]
 
 
 class JobStatus(StrEnum):
@@ -99,10 +99,17 @@ CANCEL_EXPIRED = Transition("cancel_expired", (JobStatus.CANCELLING,), (JobStatu
 NODE_LOST = Transition("node_lost", (JobStatus.RUNNING,), (JobStatus.QUEUED, JobStatus.FAILED),
                        "node 0's worker, when another node is lost")
 
+#: an attempt whose engine ended for a reason of the infrastructure (a hang, the host's
+#: OOM killer, a full disk): re-queued on the infrastructure budget (``queued``), or
+#: ``failed`` once it is spent.
+REQUEUE_INFRA = Transition("requeue_infra", (JobStatus.RUNNING,),
+                           (JobStatus.QUEUED, JobStatus.FAILED),
+                           "worker, an infrastructure end of its engine")
+
 #: every transition by name.
 TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
     CLAIM, CANCEL_QUEUED, REQUEST_CANCEL, HAND_BACK, FINISH, REQUEUE_EXPIRED, FAIL_EXPIRED,
-    CANCEL_EXPIRED, NODE_LOST)}
+    CANCEL_EXPIRED, NODE_LOST, REQUEUE_INFRA)}
 #: ``(from, to, transition name)`` of every allowed edge.
 EDGES: frozenset[tuple[JobStatus, JobStatus, str]] = frozenset(
     (s, t, m.name) for m in TRANSITIONS.values() for s, t in m.edges())

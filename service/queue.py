@@ -11,7 +11,7 @@ from celery import Celery
 
 from service.settings import Settings
 
-__all__ = ["TASK_NAME", "QUEUES", "create_celery", "queue_for", "enqueue"]
+__all__ = ["TASK_NAME", "QUEUES", "broker_epoch", "create_celery", "queue_for", "enqueue"]
 
 TASK_NAME = "run_job"
 QUEUES = ("cpu", "gpu-1", "gpu-2", "gpu-4", "gpu-8")
@@ -58,3 +58,25 @@ def enqueue(app: Celery, job_id: str, queue: str, priority: int = 0) -> None:
     """Send ``run_job(job_id)`` to ``queue`` by name. Call only after the job row commits."""
     app.send_task(TASK_NAME, args=[job_id], queue=queue, priority=max(0, min(9, priority)),
                   ignore_result=True)
+
+
+def broker_epoch(app: Celery, timeout_s: float = 2.0) -> str | None:
+    """Which life of the broker this is: the Redis server's ``run_id`` (new at every start
+    of ``redis-server``, so a restart, which may have lost every message, shows as a new
+    value); None for a broker that keeps its messages across restarts (the embedded
+    SQLAlchemy transport) or one that cannot be reached now.
+
+    The reaper compares it pass by pass and re-sends every queued job's message as soon as
+    it changes (:func:`service.reaper.reap_once`), not ``resend_after_s`` later.
+    """
+    if not str(app.conf.broker_url or "").startswith(("redis://", "rediss://")):
+        return None
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout_s)
+            client = getattr(conn.default_channel, "client", None)
+            info = client.info("server") if client is not None else {}
+    except Exception:  # noqa: BLE001 - an unreachable broker has no epoch
+        return None
+    run_id = info.get("run_id") if isinstance(info, dict) else None
+    return str(run_id) if run_id else None

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 Sender = Callable[[str, str, int], None]
 
 
-def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender) -> dict[str, int]:
+def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender,
+              broker_restarted: bool = False) -> dict[str, int]:
     """One reaper pass.
 
     1. ``running``/``cancelling`` jobs whose lease expired (their worker died):
@@ -45,6 +46,9 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
     3. ``queued`` jobs whose message was sent (``sent_at``, else ``enqueued_at``) more than
        ``resend_after_s`` ago are sent again (a broker restarted empty loses messages; a
        duplicate is harmless: a message only wakes a worker, and the claim is atomic).
+       With ``broker_restarted`` (the broker's epoch changed, :func:`service.queue.broker_epoch`:
+       a Redis restarted empty) every queued job whose message was sent before this pass
+       is sent again now.
 
     Returns:
         Counts ``{"requeued", "failed", "cancelled", "resent", "woken"}``.
@@ -56,18 +60,20 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
     freed: set[str] = set()  # owners with one running job less
     with sessions() as session:
         for lease in expired_leases(session=session, now=now):
-            status = expire(session=session, lease=lease, now=now, store=store)
+            status = expire(session=session, lease=lease, now=now, store=store,
+                            max_infra_retries=settings.max_infra_retries)
             if status == JobStatus.QUEUED:
                 counts["requeued"] += 1
                 to_send.extend([(lease.id, lease.queue, lease.priority)] * max(1, lease.nodes))
             elif status is not None:
                 counts[status] += 1  # failed or cancelled: the owner runs one job less
                 freed.add(lease.owner_id)
+        resend_after = 0.0 if broker_restarted else settings.resend_after_s
         stale = session.execute(
             select(Job.id, Job.queue, Job.priority, Job.nodes).where(
                 Job.status == JobStatus.QUEUED,
                 func.coalesce(Job.sent_at, Job.enqueued_at)
-                < now - timedelta(seconds=settings.resend_after_s))
+                < now - timedelta(seconds=resend_after))
         ).all()
         for job_id, queue, priority, nodes in stale:
             session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
@@ -90,12 +96,24 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender)
 
 
 async def reaper_loop(sessions: sessionmaker[Session], settings: Settings, send: Sender,
-                      stop: Any = None) -> None:
-    """Call :func:`reap_once` every ``reaper_interval_s`` (in a thread) until cancelled."""
+                      stop: Any = None, epoch: Callable[[], str | None] | None = None) -> None:
+    """Call :func:`reap_once` every ``reaper_interval_s`` (in a thread) until cancelled.
+
+    ``epoch`` (:func:`service.queue.broker_epoch`) is asked at each pass: when it differs
+    from the last value seen, the broker restarted (and may have lost its messages), and
+    that pass re-sends every queued job's message at once."""
+    last: str | None = None
     while True:
         t0 = time.monotonic()
         try:
-            await anyio.to_thread.run_sync(reap_once, sessions, settings, send)
+            now_epoch = await anyio.to_thread.run_sync(epoch) if epoch is not None else None
+            restarted = now_epoch is not None and last is not None and now_epoch != last
+            if restarted:
+                log.warning("reaper: the broker restarted (epoch %s -> %s); re-sending the "
+                            "messages of every queued job", last, now_epoch)
+            await anyio.to_thread.run_sync(reap_once, sessions, settings, send, restarted)
+            if now_epoch is not None:
+                last = now_epoch
         except Exception:
             log.exception("reaper pass failed")
         await anyio.sleep(max(0.0, settings.reaper_interval_s - (time.monotonic() - t0)))

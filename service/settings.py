@@ -64,6 +64,21 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(0.5, gt=0, description="runner: tail / cancel poll interval")
     grace_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL grace period on cancel")
     max_attempts: int = Field(3, ge=1, description="runs of one job (first + resumes)")
+    max_infra_retries: int = Field(
+        10, ge=0, description="re-queues of one job after infrastructure ends of an attempt "
+        "(worker or node lost, database or broker outage past the lease, host OOM kill, disk "
+        "full, hang): their own budget, apart from max_attempts; job ends (config, data, code "
+        "error) fail at once")
+    retry_after_s: int = Field(
+        5, ge=1, le=3600, description="Retry-After of the API's 503 while the database or "
+        "the broker is unavailable")
+    hang_factor: float = Field(
+        10.0, gt=1, description="hang watchdog k: a rank with no step finished for "
+        "max(k x median step time, hang_min_s) dumps every rank's stacks into the log, its "
+        "tree is killed and the attempt ends 'infrastructure: hang' (re-queued, resumes)")
+    hang_min_s: float = Field(
+        600.0, gt=0, description="hang watchdog T, seconds: the shortest silence called a "
+        "hang (also the limit before the first step has finished)")
     worker_heartbeat_s: float = Field(
         10.0, gt=0, description="how often a worker writes its row in the workers table")
     worker_ttl_s: float = Field(
@@ -94,6 +109,11 @@ class Settings(BaseSettings):
     resend_after_s: float = Field(
         600.0, gt=0, description="re-send the message of a job queued this long (lost message)"
     )
+    resend_check_s: float = Field(
+        10.0, gt=0, description="a queued job whose message was sent this long ago is "
+        "re-sent at once when its queue in the broker holds fewer messages than the queue's "
+        "waiting jobs (a broker restarted empty): with the reaper's interval, within about "
+        "30 s")
     sse_poll_s: float = Field(0.25, gt=0, description="SSE: how often each API process "
                               "checks for new events (one statement, whatever the number of "
                               "open streams; service/streams.py)")

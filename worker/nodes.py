@@ -30,11 +30,13 @@ from service import gang
 from service.db.models import Job, JobNode
 from service.gang import Claim, NodeAddress, NodeView
 from service.lifecycle import JobStatus
+from service.outage import is_outage
 from service.scheduler import owner_cap
 from service.settings import Settings
 from worker.launch import NodeLaunch
 from worker.outcome import CANCEL, WORKER_SHUTDOWN
 from worker.process import EngineProcess, kill_leftovers
+from worker.supervise import Outage
 
 __all__ = ["ATTEMPT_OVER", "NODE_LOST", "Peers", "address", "follow", "gather", "kill_earlier",
            "node_files", "node_launch"]
@@ -212,34 +214,42 @@ def follow(engine: EngineProcess, claim: Claim, *, settings: Settings,
     next_beat = time.monotonic()
     over_at: float | None = None
     beat: tuple[str, bool] | None
+    outage = Outage(claim.job_id, settings.lease_s)  # the database may be away a while
     while True:
         rc = engine.poll()
         now = time.monotonic()
-        if now >= next_beat:
-            next_beat = now + settings.heartbeat_s
-            with sessions() as s:
-                beat = gang.renew_node(s, job_id=claim.job_id, attempt=claim.attempt,
-                                       node_rank=claim.node_rank, worker_id=worker_id,
-                                       lease_s=settings.lease_s)
-                status = s.scalar(select(Job.status).where(Job.id == claim.job_id))
-                s.commit()
-        else:
-            with sessions() as s:
-                row = s.execute(select(Job.status, Job.attempt)
-                                .where(Job.id == claim.job_id)).first()
-            status = row[0] if row is not None else None
-            over = row is None or row[1] != claim.attempt or status not in (
-                JobStatus.RUNNING, JobStatus.CANCELLING)
-            beat = None if over or status is None else (status, False)
-        if beat is not None and beat[0] == JobStatus.CANCELLING:
-            engine.terminate(CANCEL)
-        elif beat is None and rc is None:
-            if status != JobStatus.SUCCEEDED:
-                engine.terminate(ATTEMPT_OVER)
-            elif over_at is None:
-                over_at = now
-            elif now - over_at > settings.grace_s:
-                engine.terminate(ATTEMPT_OVER)
+        if outage.due(now):
+            try:
+                if now >= next_beat:
+                    next_beat = now + settings.heartbeat_s
+                    with sessions() as s:
+                        beat = gang.renew_node(s, job_id=claim.job_id, attempt=claim.attempt,
+                                               node_rank=claim.node_rank, worker_id=worker_id,
+                                               lease_s=settings.lease_s)
+                        status = s.scalar(select(Job.status).where(Job.id == claim.job_id))
+                        s.commit()
+                else:
+                    with sessions() as s:
+                        row = s.execute(select(Job.status, Job.attempt)
+                                        .where(Job.id == claim.job_id)).first()
+                    status = row[0] if row is not None else None
+                    over = row is None or row[1] != claim.attempt or status not in (
+                        JobStatus.RUNNING, JobStatus.CANCELLING)
+                    beat = None if over or status is None else (status, False)
+                if beat is not None and beat[0] == JobStatus.CANCELLING:
+                    engine.terminate(CANCEL)
+                elif beat is None and rc is None:
+                    if status != JobStatus.SUCCEEDED:
+                        engine.terminate(ATTEMPT_OVER)
+                    elif over_at is None:
+                        over_at = now
+                    elif now - over_at > settings.grace_s:
+                        engine.terminate(ATTEMPT_OVER)
+                outage.up(now)
+            except Exception as exc:  # keep the engine, retry
+                if not is_outage(exc):
+                    raise
+                outage.failed(now, exc)
         if stop is not None and stop.is_set():
             engine.terminate(WORKER_SHUTDOWN)
         engine.kill_if_overdue(now=now, grace_s=settings.grace_s, rc=rc)
@@ -248,11 +258,15 @@ def follow(engine: EngineProcess, claim: Claim, *, settings: Settings,
         time.sleep(settings.poll_interval_s)
     engine.kill_group()
     detail = _tail(log_path, settings.log_tail_lines)
-    with sessions() as s:
-        gang.record_node_exit(s, job_id=claim.job_id, attempt=claim.attempt,
-                              node_rank=claim.node_rank, worker_id=worker_id, exit_code=rc,
-                              stop=engine.stop_reason, detail=detail)
-        s.commit()
+
+    def record() -> None:
+        with sessions() as s:
+            gang.record_node_exit(s, job_id=claim.job_id, attempt=claim.attempt,
+                                  node_rank=claim.node_rank, worker_id=worker_id, exit_code=rc,
+                                  stop=engine.stop_reason, detail=detail)
+            s.commit()
+
+    outage.retry(record)
     log.info("job %s: node %d engine exited %s (%s)", claim.job_id, claim.node_rank, rc,
              engine.stop_reason or "by itself")
     return f"node {claim.node_rank} exited {rc}"

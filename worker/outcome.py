@@ -21,14 +21,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from libreyolo_core.records.events import RunEndEvent
+from service.ends import INFRASTRUCTURE, JOB, USER
 from service.lifecycle import JobStatus
 
-__all__ = ["CANCEL", "ENGINE_ERROR_FILE", "EXIT_REASONS", "LEASE_LOST", "TIME_BUDGET",
-           "WORKER_SHUTDOWN", "EngineError", "Outcome", "after_exit", "exit_outcome",
-           "exit_reason", "read_engine_error"]
+__all__ = ["CANCEL", "DISK_FULL", "ENGINE_ERROR_FILE", "EXIT_FENCED", "EXIT_HANG",
+           "EXIT_REASONS", "LEASE_LOST", "TIME_BUDGET", "WORKER_SHUTDOWN", "EngineError",
+           "Outcome", "after_exit", "classify", "exit_outcome", "exit_reason",
+           "read_engine_error"]
 
 EXIT_REASONS = {
     1: "runtime error", 2: "bad config", 3: "data error", 4: "model or checkpoint error",
+    5: "hang (no step finished; the watchdog ended the engine)",
+    6: "fenced (a newer attempt of the job took over)",
     143: "terminated (SIGTERM)",
     -15: "terminated (SIGTERM)", -9: "killed (SIGKILL)", 137: "killed (SIGKILL)",
 }
@@ -52,14 +56,27 @@ class EngineError:
     rank: int = 0
 
 
+#: the engine's exit code after its hang watchdog fired (libreyolo_core.engine.watchdog)
+EXIT_HANG = 5
+#: the engine's exit code when its attempt was fenced off (a newer attempt took over)
+EXIT_FENCED = 6
+#: what a full disk looks like in an error line or the log
+DISK_FULL = ("No space left on device", "Errno 28", "ENOSPC")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a job ends: ``status`` (``succeeded``, ``failed`` or ``cancelled``), the
-    ``error`` stored on the row (None unless failed) and the status event's payload."""
+    ``error`` stored on the row (None unless failed), the status event's payload, and the
+    end's class (:mod:`service.ends`: ``infrastructure``, ``job``, ``user``; None for a
+    success) with why. A ``failed`` outcome of class ``infrastructure`` is re-queued by the
+    runner (:func:`service.job_store.requeue_infra`) instead of finished."""
 
     status: JobStatus
     error: dict[str, Any] | None
     event: dict[str, Any]
+    end_class: str | None = None
+    why: str | None = None
 
 
 def exit_reason(code: int) -> str:
@@ -109,11 +126,12 @@ def exit_outcome(rc: int, *, stop_reason: str | None, run_end: RunEndEvent | Non
         (then ``launcher_exit_code`` is ``rc``), plus ``engine_error`` and ``failed_rank``.
     """
     if stop_reason in (CANCEL, WORKER_SHUTDOWN):
-        return Outcome(JobStatus.CANCELLED, None, {"reason": "cancelled by request", "exit_code": rc})
+        return Outcome(JobStatus.CANCELLED, None, {"reason": "cancelled by request", "exit_code": rc},
+                       USER, "cancelled by request")
     if stop_reason == TIME_BUDGET:
         reason = f"time budget of {time_budget_s:g} s exceeded"
         return Outcome(JobStatus.FAILED, {"reason": reason, "exit_code": rc, "log_tail": log_tail},
-                       {"reason": reason, "exit_code": rc})
+                       {"reason": reason, "exit_code": rc}, JOB, reason)
     if rc == 0 and (run_end.status if run_end is not None else None) not in ("failed", "interrupted"):
         return Outcome(JobStatus.SUCCEEDED, None, {"exit_code": 0})
     error: dict[str, Any] = {"reason": exit_reason(rc), "exit_code": rc, "log_tail": log_tail}
@@ -125,7 +143,32 @@ def exit_outcome(rc: int, *, stop_reason: str | None, run_end: RunEndEvent | Non
                          exit_code=engine_error.exit_code, launcher_exit_code=rc)
         error["engine_error"] = engine_error.error
         error["failed_rank"] = engine_error.rank
-    return Outcome(JobStatus.FAILED, error, {"reason": error["reason"], "exit_code": error["exit_code"]})
+    end_class, why = classify(error, stop_reason=stop_reason, log_tail=log_tail)
+    return Outcome(JobStatus.FAILED, error, {"reason": error["reason"], "exit_code": error["exit_code"]},
+                   end_class, why)
+
+
+def classify(error: dict[str, Any], *, stop_reason: str | None,
+             log_tail: list[str]) -> tuple[str, str]:
+    """The class (:mod:`service.ends`) and why of a failed engine's end, from its error
+    (``exit_code``: the engine's own when it wrote its error file; ``engine_error``).
+
+    ``infrastructure``: a hang (exit 5, the watchdog), a full disk ("No space left on
+    device" in the error or the log's last lines), a SIGKILL the worker did not send (the
+    host's OOM killer, most likely). ``job``: everything else (a config, data, model or
+    code error, a non-finite loss, a crash).
+    """
+    code, text = error.get("exit_code"), str(error.get("engine_error") or "")
+    if code == EXIT_HANG:
+        return INFRASTRUCTURE, text or "hang: no step finished"
+    if any(mark in text for mark in DISK_FULL) or any(
+            mark in line for line in log_tail[-20:] for mark in DISK_FULL):
+        return INFRASTRUCTURE, f"disk full ({text or 'No space left on device'})"
+    if code in (-9, 137) and stop_reason is None:
+        return INFRASTRUCTURE, ("killed by SIGKILL that the worker did not send (the host's "
+                                "OOM killer, most likely)")
+    why = str(error.get("reason") or "failed")
+    return JOB, f"{why}: {text}" if text else why
 
 
 def read_engine_error(path: Path) -> EngineError | None:

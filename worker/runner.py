@@ -25,22 +25,30 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from libreyolo_core.engine.fence import FENCE_FILE_ENV
+from libreyolo_core.engine.fence import TOKEN_ENV as FENCE_TOKEN_ENV
+from libreyolo_core.engine.watchdog import FACTOR_ENV as HANG_FACTOR_ENV
+from libreyolo_core.engine.watchdog import MIN_S_ENV as HANG_MIN_S_ENV
 from libreyolo_core.profiler.preflight import CURRENCY_ENV, PRICE_ENV
 from service import gang, job_store
 from service.db.models import Job, utcnow
+from service.ends import INFRASTRUCTURE, JOB
 from service.gang import Claim
 from service.lifecycle import TERMINAL, JobStatus
 from service.ops import append_events
+from service.outage import is_outage
 from service.scheduler import wake_gangs, wake_targets
 from service.settings import Settings
 from service.storage import ArtifactStore, artifact_kind, sha256_file
@@ -53,12 +61,14 @@ from worker.outcome import (
     LEASE_LOST,
     TIME_BUDGET,
     WORKER_SHUTDOWN,
+    Outcome,
     after_exit,
     exit_outcome,
     read_engine_error,
 )
 from worker.process import EngineProcess, kill_leftovers, spawn_engine
 from worker.result import result_summary
+from worker.supervise import Outage
 from worker.tail import Observed, Tail
 
 __all__ = ["run_job", "run_next", "wake_gangs_on"]
@@ -75,10 +85,15 @@ class _Run:
         self.worker_id, self.store = worker_id, store
         self.job_dir = store.job_dir(job.id)
         self.run_dir = store.run_dir(job.id)
+        # this attempt's fence token (libreyolo_core.engine.fence): unique per attempt
+        self.token = f"{job.attempt}.{secrets.token_hex(6)}"
         self.events = Tail(self.run_dir / "events.jsonl", job.events_offset)
         self.log = Tail(store.log_path(job.id), job.log_offset)
-        self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines)
+        self.seen = Observed(job.progress, log_tail_lines=settings.log_tail_lines,
+                             attempt_token=self.token)
         self.kind = job.kind
+        # rows read but not yet committed (a database outage): written first next time
+        self._pending: tuple[list[Any], int, int] | None = None
 
     # -- database (through service.job_store) ------------------------------------------
     def _mine(self) -> list[Any]:
@@ -106,16 +121,21 @@ class _Run:
         Returns:
             True if something was written, False if nothing new, None if the lease is lost.
         """
-        lines, ev_off = self.events.read()
-        log_lines, log_off = self.log.read()
-        if not lines and not log_lines:
-            return False
-        batch = self.seen.take(lines, log_lines)
+        if self._pending is not None:  # read before an outage: the same rows, once
+            batch, ev_off, log_off = self._pending
+        else:
+            lines, ev_off = self.events.read()
+            log_lines, log_off = self.log.read()
+            if not lines and not log_lines:
+                return False
+            batch = self.seen.take(lines, log_lines, start=self.events.offset)
+            self._pending = (batch, ev_off, log_off)
         with self.sessions() as s:
             last = append_events(s, self.job_id, batch, where=self._mine(),
                                  events_offset=ev_off, log_offset=log_off,
                                  progress=self.seen.progress or None, **self._lease())
             s.commit()
+        self._pending = None
         if last is None:
             return None
         self.events.offset, self.log.offset = ev_off, log_off
@@ -128,7 +148,8 @@ class _Run:
             s.commit()
 
     def finish(self, status: JobStatus, *, result: dict[str, Any] | None,
-               error: dict[str, Any] | None, event: dict[str, Any]) -> bool:
+               error: dict[str, Any] | None, event: dict[str, Any],
+               end_class: str | None = None, why: str | None = None) -> bool:
         """Record artifacts and the final status (only while this worker holds the lease)."""
         artifacts = []
         for rel, path in self.store.list_files(self.job_id):
@@ -142,7 +163,8 @@ class _Run:
         with self.sessions() as s:
             ok = job_store.finish(session=s, job_id=self.job_id, worker_id=self.worker_id,
                                   status=status, result=result, error=error, event=event,
-                                  progress=self.seen.progress or None, artifacts=artifacts)
+                                  progress=self.seen.progress or None, artifacts=artifacts,
+                                  end_class=end_class, why=why)
             if ok:
                 s.commit()
             else:
@@ -311,6 +333,11 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
         leftovers += nodes.kill_earlier(sessions, job_id, claim.attempt, run.job_dir)
     if leftovers:  # process groups of an earlier attempt (crash or hand-back)
         log.warning("job %s: killed %d leftover engine processes", job_id, leftovers)
+    if claim.node_rank == 0:  # rank 0 (on node 0) writes every event and checkpoint
+        # before last.pt is chosen: from here on an earlier attempt's engine, on any host,
+        # writes nothing; what it wrote before is this attempt's starting point
+        _raise_fence(run.job_dir / FENCE_FILE, run.token)
+        run.seen.fence_offset = _size(run.run_dir / "events.jsonl")
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
@@ -339,8 +366,12 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
             return JobStatus.FAILED
     argv = command(spec_path, world_size(job.gpus, job.procs), settings, launch)
     env = build_env(gpu_ids, job.gpus)
+    if claim.node_rank == 0:
+        env[FENCE_TOKEN_ENV], env[FENCE_FILE_ENV] = run.token, str(run.job_dir / FENCE_FILE)
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
+    env[HANG_FACTOR_ENV] = f"{settings.hang_factor:g}"  # the engine's hang watchdog
+    env[HANG_MIN_S_ENV] = f"{settings.hang_min_s:g}"
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
@@ -369,6 +400,26 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     return _watch(run, engine, job, stop, on_requeue, peers)
 
 
+#: the job folder's fence file: the token of the attempt that holds the job
+FENCE_FILE = "attempt.fence"
+
+
+def _raise_fence(path: Path, token: str) -> None:
+    """Make ``token`` the job's current attempt (atomically): from now on an engine of an
+    earlier attempt, on any host that shares the artifact store, writes no event and no
+    checkpoint (:func:`libreyolo_core.engine.fence.check`)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    tmp.write_text(token + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | None,
            on_requeue: Any, peers: nodes.Peers | None = None) -> str:
     """Pump events, renew the lease and poll for a cancel until the engine exits; stop it
@@ -379,23 +430,32 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     started = time.monotonic()
     next_beat = started + settings.heartbeat_s
     lost = False
+    outage = Outage(run.job_id, settings.lease_s)
     while True:
         rc = engine.poll()
-        wrote = run.pump()
         now = time.monotonic()
-        if wrote is None:
-            lost = True
-        elif wrote or now >= next_beat:
-            beat = run.heartbeat()
-            next_beat = now + settings.heartbeat_s
-            if beat is None:
-                lost = True
-            elif beat[0] == JobStatus.CANCELLING:
-                engine.terminate(CANCEL)
-            if peers is not None and peers.check() is not None:
-                engine.terminate(nodes.NODE_LOST)
-        elif run.status() == JobStatus.CANCELLING:
-            engine.terminate(CANCEL)
+        if outage.due(now):
+            try:
+                wrote = run.pump()
+                now = time.monotonic()
+                if wrote is None:
+                    lost = True
+                elif wrote or now >= next_beat or outage.down:
+                    beat = run.heartbeat()
+                    next_beat = now + settings.heartbeat_s
+                    if beat is None:
+                        lost = True
+                    elif beat[0] == JobStatus.CANCELLING:
+                        engine.terminate(CANCEL)
+                    if peers is not None and peers.check() is not None:
+                        engine.terminate(nodes.NODE_LOST)
+                elif run.status() == JobStatus.CANCELLING:
+                    engine.terminate(CANCEL)
+                outage.up(now)
+            except Exception as exc:  # the database is away: keep the engine, retry
+                if not is_outage(exc):
+                    raise
+                outage.failed(now, exc)
         if lost:
             log.warning("job %s: lease lost; stopping the engine", run.job_id)
             engine.terminate(LEASE_LOST)
@@ -408,14 +468,22 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
             break
         time.sleep(settings.poll_interval_s)
     engine.kill_group()  # loader workers or ranks left behind
-    if run.pump() is None:
+    if outage.retry(run.pump) is None:
         lost = True
+    if not lost:  # catch up: the last events may have waited for the database
+        while (wrote := outage.retry(run.pump)) is True:
+            pass
+        lost = wrote is None
     if peers is not None and rc is not None:  # node 0's exit, as the other nodes record theirs
-        with run.sessions() as s:
-            gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
-                                  node_rank=0, worker_id=run.worker_id, exit_code=rc,
-                                  stop=engine.stop_reason, detail="\n".join(run.seen.log_tail))
-            s.commit()
+        def record() -> None:
+            with run.sessions() as s:
+                gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
+                                      node_rank=0, worker_id=run.worker_id, exit_code=rc,
+                                      stop=engine.stop_reason,
+                                      detail="\n".join(run.seen.log_tail))
+                s.commit()
+
+        outage.retry(record)
     action = after_exit(lost=lost, stop_reason=engine.stop_reason)
     if action == "lost":
         return "lost"
@@ -429,7 +497,8 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
             if peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s):
                 return _node_lost(run, job, peers, on_requeue)
     if action == "hand back":
-        if run.hand_back(f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}"):
+        if outage.retry(lambda: run.hand_back(
+                f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}")):
             if on_requeue is not None:
                 try:
                     for _ in range(job.nodes):  # one wake-up per node to gather
@@ -440,11 +509,43 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     outcome = exit_outcome(rc, stop_reason=engine.stop_reason, run_end=run.seen.run_end,
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
+    if outcome.status == JobStatus.FAILED and outcome.end_class == INFRASTRUCTURE:
+        return _requeue_infra(run, job, outcome, outage, on_requeue)
     result = result_summary(run.seen, run.run_dir, run.kind)
-    if not run.finish(outcome.status, result=result, error=outcome.error, event=outcome.event):
+    if not outage.retry(lambda: run.finish(outcome.status, result=result, error=outcome.error,
+                                           event=outcome.event, end_class=outcome.end_class,
+                                           why=outcome.why)):
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, outcome.status, rc)
     return outcome.status
+
+
+def _requeue_infra(run: _Run, job: Job, outcome: Outcome, outage: Outage,
+                   on_requeue: Any) -> str:
+    """The engine ended for a reason of the infrastructure (a hang, the host's OOM killer,
+    a full disk): :func:`service.job_store.requeue_infra` (re-queued on the infrastructure
+    budget to resume from last.pt, or failed once it is spent); wake-ups for a re-queue."""
+    log.warning("job %s: infrastructure: %s", run.job_id, outcome.why)
+
+    def requeue() -> JobStatus | None:
+        with run.sessions() as s:
+            status = job_store.requeue_infra(
+                session=s, job_id=run.job_id, worker_id=run.worker_id, why=outcome.why or "",
+                error=outcome.error or {}, progress=run.seen.progress or None, store=run.store,
+                max_infra_retries=run.settings.max_infra_retries)
+            s.commit()
+        return status
+
+    status = outage.retry(requeue)
+    if status is None:
+        return "lost"
+    if status == JobStatus.QUEUED and on_requeue is not None:
+        try:
+            for _ in range(job.nodes):
+                on_requeue(run.job_id, job.queue, job.priority)
+        except Exception:
+            log.exception("job %s: could not re-send (the reaper will)", run.job_id)
+    return status
 
 
 def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
@@ -453,6 +554,14 @@ def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
     (re-queued as one whole attempt, or failed); wake-ups for every node of a re-queued job."""
     node = peers.lost[0] if peers.lost is not None else None
     reason = peers.describe()
+    if node is not None and node.stop is None and node.exit_code in (2, 3, 4):
+        # the other node's config, data or model error: the job's own, it fails at once
+        log.warning("job %s: %s", run.job_id, reason)
+        ok = run.finish(JobStatus.FAILED, result=None,
+                        error={"reason": reason, "exit_code": node.exit_code},
+                        event={"reason": reason, "exit_code": node.exit_code},
+                        end_class=JOB, why=reason)
+        return JobStatus.FAILED if ok else "lost"
     if node is not None and node.stop == WORKER_SHUTDOWN:
         ok = run.hand_back(f"{reason}; re-queued, {run.store.resume_note(run.job_id)}")
         status: str | None = JobStatus.QUEUED if ok else None
@@ -461,7 +570,8 @@ def _node_lost(run: _Run, job: Job, peers: nodes.Peers, on_requeue: Any) -> str:
         with run.sessions() as s:
             status = job_store.node_lost(session=s, job_id=run.job_id, worker_id=run.worker_id,
                                          reason=reason, progress=run.seen.progress or None,
-                                         store=run.store)
+                                         store=run.store,
+                                         max_infra_retries=run.settings.max_infra_retries)
             s.commit()
     if status is None:
         return "lost"

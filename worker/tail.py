@@ -3,6 +3,8 @@ into ``job_events`` rows, and what the runner keeps from the events (the job's
 ``progress``, ``run_end``, the profiler's verdict, artifact kinds, the last log lines).
 
 No I/O but reading the two files; the runner writes what :meth:`Observed.take` returns.
+The ingester is one side of the attempt fence (:mod:`libreyolo_core.engine.fence`): an
+event line that carries another attempt's ``attempt_token`` is refused.
 """
 
 from __future__ import annotations
@@ -104,7 +106,13 @@ class Observed:
         log_tail_lines: how many of the last log lines :attr:`log_tail` keeps.
     """
 
-    def __init__(self, progress: dict[str, Any] | None, *, log_tail_lines: int):
+    def __init__(self, progress: dict[str, Any] | None, *, log_tail_lines: int,
+                 attempt_token: str | None = None):
+        self.attempt_token = attempt_token  #: this attempt's; see :meth:`take`
+        #: the size of ``events.jsonl`` when this attempt raised its fence: lines of an
+        #: earlier attempt before it are that attempt's history, lines after it refused
+        self.fence_offset = 0
+        self.refused = 0  #: event lines of an earlier attempt refused so far
         self.progress: dict[str, Any] = dict(progress or {})
         self.run_end: RunEndEvent | None = None
         self.profile: ProfileEvent | None = None
@@ -112,18 +120,34 @@ class Observed:
         self.log_tail: list[str] = []
         self.log_tail_lines = log_tail_lines
 
-    def take(self, event_lines: list[bytes], log_lines: list[bytes]) -> list[EventRow]:
+    def take(self, event_lines: list[bytes], log_lines: list[bytes],
+             start: int = 0) -> list[EventRow]:
         """Observe new lines of ``events.jsonl`` and ``train.log``; the rows to append:
         one per event (its line's JSON as it is), then the log lines in events of at most
-        :data:`MAX_LOG_LINES_PER_EVENT` lines."""
+        :data:`MAX_LOG_LINES_PER_EVENT` lines. ``start``: the file offset of the first event
+        line. A line of another attempt (its ``attempt_token``) that ends past
+        :attr:`fence_offset` is refused (one log row says how many)."""
         rows: list[EventRow] = []
+        refused = 0
+        end = start
         for raw in event_lines:
+            end += len(raw) + 1  # the engine ends its lines with "\n"
             data = decode_event(raw)
             if data is None:
+                continue
+            other = data.get("attempt_token")
+            if self.attempt_token is not None and other is not None \
+                    and other != self.attempt_token and end > self.fence_offset:
+                refused += 1  # the fence: written after this attempt started
                 continue
             ev = parse_event(data)
             self.observe(ev)
             rows.append((event_kind(ev.event), float(ev.time or time.time()), data))
+        if refused:
+            self.refused += refused
+            rows.append(("log", time.time(), {"event": "log", "lines": [
+                f"refused {refused} event line(s) of an earlier attempt of this job (its "
+                f"engine wrote after attempt {self.attempt_token} started)"]}))
         if log_lines:
             text = [ln.decode("utf-8", "replace").rstrip("\r") for ln in log_lines]
             self.log_tail = (self.log_tail + text)[-self.log_tail_lines:]

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.nonfinite import nonfinite_tensors
 
 __all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "lean_state", "CheckpointError",
@@ -93,6 +94,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
              for k, v in state.items()}
     path = Path(path)
     refuse_nonfinite(state, path, "not written")
+    fence.check(f"checkpoint {path.name}")  # an attempt given up writes nothing
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -103,6 +105,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+        fence.check(f"checkpoint {path.name}", leftover=tmp)  # again: the save took a while
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from libreyolo_core.engine import fence
 from libreyolo_core.records.events import EngineEvent, parse_event
 
 __all__ = ["EventLog", "read_events"]
@@ -23,11 +24,19 @@ class EventLog:
     def __init__(self, path: Path | None):
         self.path = path
         self._fh = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
+        self._token = fence.token()  # the service's attempt token (None outside it)
 
     def write(self, event: EngineEvent) -> EngineEvent:
-        """Write one event line (:meth:`EngineEvent.to_dict`) and return the record."""
+        """Write one event line (:meth:`EngineEvent.to_dict`) and return the record.
+
+        Under the service the line carries ``attempt_token``, and an engine whose attempt
+        was fenced off ends before writing (:func:`libreyolo_core.engine.fence.check`)."""
         if self._fh is not None:
-            self._fh.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+            line = event.to_dict()
+            if self._token is not None:
+                fence.check(f"event {event.event!r}")
+                line["attempt_token"] = self._token
+            self._fh.write(json.dumps(line, ensure_ascii=False) + "\n")
             self._fh.flush()
         return event
 

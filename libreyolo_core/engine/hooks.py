@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from libreyolo_core.engine.trainer import Trainer
 
 __all__ = ["HookBase", "EpochMeter", "EpochOutcome", "MosaicSwitchHook",
-           "NonFiniteGuard", "ValidationHook", "CheckpointHook", "CallbackHook", "default_hooks",
+           "NonFiniteGuard", "ValidationHook", "CheckpointHook", "CallbackHook", "WatchdogHook",
+           "default_hooks",
            "CALLBACK_EVENTS", "MAX_NONFINITE_STREAK"]
 
 log = logging.getLogger(__name__)
@@ -294,9 +295,16 @@ class ValidationHook(HookBase):
 
         t, parts = self.trainer, self.trainer.parts
         net = parts.ema.module if parts.ema is not None else unwrap(parts.model)
+        progress = validation_progress(t.events, t.state.epoch + 1, t.cfg.epochs)
+        dog = getattr(t, "watchdog", None)
+
+        def on_batch(k: int, n: int) -> None:
+            progress(k, n)
+            if dog is not None:  # a validation batch is a sign of life
+                dog.alive()
+
         return validate(net, t.family, parts.val_loader, t.device, t.nc, conf=t.cfg.conf, iou=t.cfg.iou,
-                        max_det=t.cfg.max_det, amp=parts.amp,
-                        on_batch=validation_progress(t.events, t.state.epoch + 1, t.cfg.epochs))
+                        max_det=t.cfg.max_det, amp=parts.amp, on_batch=on_batch)
 
 
 class CheckpointHook(HookBase):
@@ -343,6 +351,41 @@ class CheckpointHook(HookBase):
         os.replace(tmp, run_dir / "results.csv")
 
 
+class WatchdogHook(HookBase):
+    """Every rank's hang watchdog (:mod:`~libreyolo_core.engine.watchdog`), when the
+    environment enables it: each finished step restarts its clock, and so does each epoch's
+    start; a rank other than 0 suspends it while it waits for rank 0's end of the epoch."""
+
+    def __init__(self) -> None:
+        self.dog: Any = None
+
+    def before_train(self) -> None:
+        from libreyolo_core.engine.watchdog import from_env
+
+        self.dog = from_env(rank=self.trainer.dist.rank)
+        self.trainer.watchdog = self.dog
+        if self.dog is not None:
+            log.info("hang watchdog on: no step for max(%g x median step, %g s) is a hang",
+                     self.dog.factor, self.dog.min_s)
+            self.dog.start()
+
+    def before_epoch(self) -> None:
+        if self.dog is not None:
+            self.dog.alive()
+
+    def after_step(self, finite: bool) -> None:
+        if self.dog is not None:
+            self.dog.step_done()
+
+    def after_train_epoch(self) -> None:
+        if self.dog is not None and not self.trainer.dist.is_main:
+            self.dog.suspend()
+
+    def after_train(self) -> None:
+        if self.dog is not None:
+            self.dog.stop()
+
+
 class CallbackHook(HookBase):
     """The user's ``callbacks`` (``{event: [fn(trainer), ...]}``, :data:`CALLBACK_EVENTS`),
     rank 0 only."""
@@ -376,7 +419,7 @@ def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], No
     from libreyolo_core.engine.progress import ProgressHook
 
     main, cfg = trainer.dist.is_main, trainer.cfg
-    hooks: list[HookBase] = [MosaicSwitchHook()]
+    hooks: list[HookBase] = [WatchdogHook(), MosaicSwitchHook()]  # first: sees every step
     if main and cfg.profile and not trainer.dist.enabled:
         hooks.append(ProfilerHook())
     hooks.append(ValidationHook())

@@ -149,6 +149,7 @@ class Trainer:
         self.hooks: list[HookBase] = [CallbackHook(self.callbacks)]
         self.hooks[0].trainer = self
         self.guard = NonFiniteGuard()
+        self.watchdog: Any = None  # the hang watchdog while it runs (WatchdogHook)
 
     # -- stop requests ----------------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:

@@ -100,6 +100,15 @@ class JobPublic(BaseModel):
     status: JobStatusName
     attempt: int = Field(description="runs started so far (1 on the first run)")
     max_attempts: int
+    end_class: str | None = Field(
+        None, description="how the last attempt ended: 'infrastructure' (worker or node "
+        "lost, database or broker outage, host OOM kill, disk full, hang: re-queued on its "
+        "own budget, no attempt used), 'job' (config, data or code error, non-finite loss: "
+        "failed at once) or 'user' (cancel); null while the first attempt runs and after a "
+        "success")
+    end_reason: str | None = Field(None, description="why the last attempt ended so")
+    infra_retries: int = Field(0, description="re-queues after infrastructure ends so far "
+                               "(the service's max_infra_retries bounds them)")
     cancel_requested: bool
     time_budget_s: float | None
     progress: dict[str, Any] | None = Field(

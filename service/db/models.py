@@ -116,6 +116,13 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    #: how the last attempt ended (migration 0007e): ``infrastructure``, ``job`` or
+    #: ``user`` (:mod:`service.ends`), and why; None while the first attempt runs or after
+    #: a success
+    end_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: re-queues after infrastructure ends (their own budget, ``max_infra_retries``)
+    infra_retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)

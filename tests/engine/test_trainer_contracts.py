@@ -28,6 +28,7 @@ from libreyolo_core.engine.hooks import (
     MosaicSwitchHook,
     NonFiniteGuard,
     ValidationHook,
+    WatchdogHook,
     default_hooks,
 )
 from libreyolo_core.engine.profile_hook import ProfilerHook
@@ -43,11 +44,14 @@ def _fake_trainer(rank: int, world_size: int, profile: bool) -> types.SimpleName
 
 
 @pytest.mark.parametrize("rank, world_size, profile, expected", [
-    (0, 1, False, [MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard, CallbackHook]),
-    (0, 1, True, [MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
+    # the hang watchdog first on every rank: it sees every step (a hook may end the epoch)
+    (0, 1, False, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
+                   CallbackHook]),
+    (0, 1, True, [WatchdogHook, MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ProgressHook,
+                  NonFiniteGuard, CallbackHook]),
+    (0, 2, True, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
                   CallbackHook]),
-    (0, 2, True, [MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard, CallbackHook]),
-    (1, 2, False, [MosaicSwitchHook, ValidationHook, NonFiniteGuard]),
+    (1, 2, False, [WatchdogHook, MosaicSwitchHook, ValidationHook, NonFiniteGuard]),
 ], ids=["single", "profiled", "ddp-rank0", "ddp-rank1"])
 def test_default_hooks_decide_rank_0_once(rank, world_size, profile, expected):
     """Rank 0 alone profiles (never under DDP), saves, reports and calls back; the order is

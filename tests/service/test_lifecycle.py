@@ -31,6 +31,7 @@ EXPECTED = {
     (R, S, "finish"), (R, F, "finish"), (R, X, "finish"),
     (C, S, "finish"), (C, F, "finish"), (C, X, "finish"),
     (R, Q, "node_lost"), (R, F, "node_lost"),
+    (R, Q, "requeue_infra"), (R, F, "requeue_infra"),
 }
 
 

@@ -337,8 +337,8 @@ def test_lost_nodes_a_failed_engine_or_an_expired_node_lease(settings, sessions,
     j = row(sessions, job)
     assert (j.status, j.attempt, j.lease_owner) == ("queued", 1, None)
     assert queued_reasons(sessions, job) == [
-        "node 2 lost; re-queued for attempt 2 of 3 on every node, starting again (no last.pt "
-        "yet)"]
+        "node 2 lost; re-queued for attempt 2 (infrastructure retry 1 of 10) on every node, "
+        "starting again (no last.pt yet)"]
     assert take(sessions, q, settings, "w3", 41003) == Claim(job, 0, 2, 3, False)
 
 
@@ -361,7 +361,7 @@ def test_the_reaper_requeues_a_gang_whose_node_0_died(settings, sessions, new_qu
     reason = next(e.payload["reason"] for e in reversed(events(sessions, job))
                   if e.kind == "status")
     assert reason.startswith("node 0 (worker w0) lost: its lease expired; re-queued for "
-                             "attempt 2 of 3 on every node"), reason
+                             "attempt 2 (infrastructure retry 1 of 10) on every node"), reason
     assert take(sessions, q, settings, "w2", 41002) == Claim(job, 0, 2, 2, False)
 
 
@@ -548,40 +548,57 @@ def test_a_cancel_stops_both_nodes(node_settings, sessions, new_queue):
 
 def test_a_failed_node_requeues_the_whole_attempt_then_fails_the_job(node_settings, sessions,
                                                                      new_queue):
-    """Node 1's engine fails (exit 3): node 0 stops its engine and re-queues the job as one
-    whole attempt (counted); on the last attempt the job fails naming node 1."""
+    """Node 1's engine crashes (exit 1, a lost node: infrastructure): node 0 stops its engine
+    and re-queues the job as one whole attempt on the infrastructure budget; once it is spent
+    the job fails naming node 1. A node's data error (exit 3) is the job's own: it fails at
+    once (test_a_node_data_error_fails_the_job_at_once)."""
     q = new_queue()
-    job = add_job(sessions, new_user(sessions), q, max_attempts=2,
-                  params={"epochs": 50, "fake_epoch_s": 0.4, "fake_node_exit": 3})
-    n0, n1 = gang(job, node_settings, sessions)
-    assert n1.join() == "node 1 exited 3"
+    settings = node_settings.model_copy(update={"max_infra_retries": 1})
+    job = add_job(sessions, new_user(sessions), q,
+                  params={"epochs": 50, "fake_epoch_s": 0.4, "fake_node_exit": 1})
+    n0, n1 = gang(job, settings, sessions)
+    assert n1.join() == "node 1 exited 1"
     assert n0.join() == "queued"
     j = row(sessions, job)
     assert (j.status, j.attempt, j.lease_owner) == ("queued", 1, None)
+    assert (j.end_class, j.infra_retries) == ("infrastructure", 1)
     one = slots(sessions, job, 1)[1]
-    assert (one.exit_code, one.stop) == (3, None) and "fatal: node 1 broke" in one.detail
+    assert (one.exit_code, one.stop) == (1, None) and "fatal: node 1 broke" in one.detail
     assert queued_reasons(sessions, job)[-1].startswith(
-        "node 1 (worker w1) lost: its engine failed, exit code 3; its log ends: fatal: node 1 "
-        "broke; re-queued for attempt 2 "
-        "of 2 on every node")
+        "node 1 (worker w1) lost: its engine failed, exit code 1; its log ends: fatal: node 1 "
+        "broke; re-queued for attempt 2 (infrastructure retry 1 of 1) on every node")
     # one wake-up per node to gather again, and one for the queue's gathering job as node
     # 0's run ends (the same job)
     assert n0.sent == [(job, q, 0)] * 3
-    store = ArtifactStore(node_settings.artifact_root)
+    store = ArtifactStore(settings.artifact_root)
     # node 0 saves last.pt on its SIGTERM (unless it came before the engine's handler)
     resumes = (store.run_dir(job) / "weights" / "last.pt").exists()
 
-    n0, n1 = gang(job, node_settings, sessions, attempt=2)
-    assert n1.join() == "node 1 exited 3"
+    n0, n1 = gang(job, settings, sessions, attempt=2)
+    assert n1.join() == "node 1 exited 1"
     assert n0.join() == "failed"
     j = row(sessions, job)
     assert (j.status, j.attempt) == ("failed", 2)
-    assert j.error["reason"] == ("node 1 (worker w1) lost: its engine failed, exit code 3; its "
-                                 "log ends: fatal: node 1 broke on attempt 2 of 2")
+    assert j.error["reason"] == ("node 1 (worker w1) lost: its engine failed, exit code 1; its "
+                                 "log ends: fatal: node 1 broke on attempt 2, after 1 "
+                                 "infrastructure retries")
     for name in ("job.json", "job.node1.json"):  # every node resumes alike
         spec = json.loads((store.job_dir(job) / name).read_text())
         assert spec["resume"] == (str(store.run_dir(job) / "weights" / "last.pt") if resumes
                                   else False), (name, spec)
+
+
+def test_a_node_data_error_fails_the_job_at_once(node_settings, sessions, new_queue):
+    """Node 1's engine fails with a data error (exit 3): a job end, no re-queue."""
+    q = new_queue()
+    job = add_job(sessions, new_user(sessions), q,
+                  params={"epochs": 50, "fake_epoch_s": 0.4, "fake_node_exit": 3})
+    n0, n1 = gang(job, node_settings, sessions)
+    assert n1.join() == "node 1 exited 3"
+    assert n0.join() == "failed"
+    j = row(sessions, job)
+    assert (j.status, j.attempt, j.end_class) == ("failed", 1, "job")
+    assert "exit code 3" in j.error["reason"] and j.error["exit_code"] == 3
 
 
 def test_a_data_error_on_every_node_fails_the_job_at_once(node_settings, sessions, new_queue):

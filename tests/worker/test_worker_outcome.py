@@ -22,10 +22,12 @@ from worker.outcome import (
 TAIL = ["epoch 1/3", "Traceback ..."]
 
 
-def outcome(rc, stop_reason=None, run_end=None, engine_error=None, time_budget_s=None):
+def outcome(rc, stop_reason=None, run_end=None, engine_error=None, time_budget_s=None,
+            log_tail=None):
     run_end = RunEndEvent.model_validate(run_end) if run_end is not None else None
     return exit_outcome(rc, stop_reason=stop_reason, run_end=run_end, engine_error=engine_error,
-                        log_tail=TAIL, time_budget_s=time_budget_s)
+                        log_tail=TAIL if log_tail is None else log_tail,
+                        time_budget_s=time_budget_s)
 
 
 @pytest.mark.parametrize(("lost", "stop_reason", "action"), [
@@ -64,8 +66,29 @@ def test_exit_zero_after_a_failed_or_interrupted_run_end_fails(end_status):
 ])
 def test_a_nonzero_exit_fails_with_its_reason(rc, reason):
     out = outcome(rc, run_end={"status": "completed"})
+    # a SIGKILL the worker did not send: the host's OOM killer, an infrastructure end
+    end = ("infrastructure", "killed by SIGKILL that the worker did not send (the host's OOM "
+           "killer, most likely)") if rc in (-9, 137) else ("job", reason)
     assert out == Outcome("failed", {"reason": reason, "exit_code": rc, "log_tail": TAIL},
-                          {"reason": reason, "exit_code": rc})
+                          {"reason": reason, "exit_code": rc}, *end)
+
+
+@pytest.mark.parametrize(("error", "tail", "want"), [
+    (EngineError(5, "hang: rank 1: no step finished for 31.0 s", 1), [], "infrastructure"),
+    (EngineError(1, "OSError: [Errno 28] No space left on device", 0), [], "infrastructure"),
+    (None, ["RuntimeError: write failed", "OSError: No space left on device"], "infrastructure"),
+    (EngineError(1, "NonFiniteLossError: 10 non-finite losses in a row", 0), [], "job"),
+    (EngineError(2, "ConfigError: batch must be positive", 0), [], "job"),
+    (EngineError(3, "DatasetError: no labels", 0), [], "job"),
+])
+def test_every_failure_is_classified(error, tail, want):
+    """A hang, a full disk and an OOM kill are the infrastructure's fault (re-queued on
+    their own budget); a config, data or code error and a non-finite loss are the job's."""
+    out = outcome(1, engine_error=error, log_tail=tail)
+    assert out.status == "failed" and out.end_class == want, out
+    assert out.why
+    if error is not None and error.exit_code == 5:
+        assert out.why.startswith("hang: rank 1")
 
 
 @pytest.mark.parametrize("stop_reason", [CANCEL, WORKER_SHUTDOWN])  # shutdown: hand-back failed
@@ -73,7 +96,8 @@ def test_a_nonzero_exit_fails_with_its_reason(rc, reason):
 def test_a_cancel_or_shutdown_is_cancelled_whatever_the_exit(stop_reason, rc):
     out = outcome(rc, stop_reason=stop_reason, run_end={"status": "interrupted"},
                   engine_error=EngineError(1, "boom"))
-    assert out == Outcome("cancelled", None, {"reason": "cancelled by request", "exit_code": rc})
+    assert out == Outcome("cancelled", None, {"reason": "cancelled by request", "exit_code": rc},
+                          "user", "cancelled by request")
 
 
 @pytest.mark.parametrize("rc", [143, -9, 0])
@@ -81,7 +105,7 @@ def test_the_time_budget_fails_the_job(rc):
     out = outcome(rc, stop_reason=TIME_BUDGET, time_budget_s=2.5)
     reason = "time budget of 2.5 s exceeded"
     assert out == Outcome("failed", {"reason": reason, "exit_code": rc, "log_tail": TAIL},
-                          {"reason": reason, "exit_code": rc})
+                          {"reason": reason, "exit_code": rc}, "job", reason)
 
 
 def test_run_end_error_is_kept():

@@ -130,3 +130,45 @@ def test_redis_down_at_submit_worker_reconnects_and_job_runs(redis_stack, redis_
     finally:
         stop_worker(w)
     assert submit_s < 30, f"a submit with the broker down took {submit_s:.1f} s"
+
+
+def test_redis_restarted_empty_queued_job_is_resent_within_seconds(make_settings, sqlite_url,
+                                                                   redis_server, tmp_path):
+    """With the default resend_after_s (600 s): the reaper sees the broker's new epoch
+    (Redis's run_id) and re-sends the queued job's lost message at its next pass."""
+    from service.app import create_app
+    from service.settings import Settings
+
+    assert Settings(home=tmp_path / "x").resend_after_s == 600  # not what brings it back
+    settings = make_settings(sqlite_url, broker_url=redis_server.url, reaper_enabled=True,
+                             reaper_interval_s=1.0)
+    app = create_app(settings)
+    srv = ServerThread(app).start()
+    try:
+        _, token = make_user(app.state.sessions)
+        with client(srv.url, token) as c:
+            job_id = submit(c, str(write_data_yaml(tmp_path / "ds")), epochs=1)
+            wait_for(redis_server.keys, timeout=10, what="the message in Redis")
+            time.sleep(2.5)  # the reaper has seen this Redis's epoch
+            redis_server.stop()
+            redis_server.start()
+            t0 = time.monotonic()
+            import redis
+
+            queue = redis.Redis(port=redis_server.port, socket_timeout=1)
+            assert queue.llen("cpu") == 0  # restarted empty: the message is lost
+            wait_for(lambda: queue.llen("cpu") > 0, timeout=30, interval=0.1,
+                     what="the message to be sent again")
+            resent_s = time.monotonic() - t0
+            w = start_worker(settings, tmp_path / "w.log")
+            try:
+                job = _final(c, job_id)
+            finally:
+                stop_worker(w)
+            assert job["status"] == "succeeded" and job["attempt"] == 1, job
+            assert _statuses(c, job_id) == ["queued", "running", "succeeded"]
+    finally:
+        srv.stop()
+    print(f"redis restarted empty: the queued job's message was sent again {resent_s:.1f} s "
+          f"after the restart (reaper every {settings.reaper_interval_s:g} s; "
+          f"resend_after_s {settings.resend_after_s:g} s)")

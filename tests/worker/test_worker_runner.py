@@ -217,10 +217,15 @@ def test_reaper_requeues_expired_lease_and_next_run_resumes(settings, sessions):
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["requeued"] == 1 and sent == [(job_id, "cpu", 0)]
     assert job_row(sessions, job_id).status == "queued"
-    assert "attempt 2 of 3, resuming from last.pt" in _requeue_reasons(sessions, job_id)[-1]
+    reason = _requeue_reasons(sessions, job_id)[-1]
+    assert "re-queued for attempt 2 (infrastructure retry 1 of 10), resuming from last.pt" \
+        in reason, reason
+    requeued = job_row(sessions, job_id)
+    assert (requeued.end_class, requeued.end_reason, requeued.infra_retries) == \
+        ("infrastructure", "lease expired (worker lost)", 1)
     assert run_job(job_id, settings=settings, sessions=sessions) == "succeeded"
     job = job_row(sessions, job_id)
-    assert job.attempt == 2
+    assert job.attempt == 2 and job.end_class is None  # a success clears the last end
     spec = json.loads((store.job_dir(job_id) / "job.json").read_text())
     assert spec["resume"] == str(run / "weights" / "last.pt")
     evs = events(sessions, job_id)
@@ -246,13 +251,24 @@ def test_reaper_says_when_there_is_no_last_pt_to_resume_from(settings, sessions)
         s.commit()
     assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
     [reason] = _requeue_reasons(sessions, job_id)
-    assert "attempt 2 of 3, starting again (no last.pt yet)" in reason and "resuming" not in reason
+    assert "attempt 2 (infrastructure retry 1 of 10), starting again (no last.pt yet)" \
+        in reason and "resuming" not in reason
 
 
-def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, sessions):
+def test_reaper_fails_after_the_infrastructure_budget_and_resends_lost_messages(
+        make_settings, db_url, sessions):
+    """A lost worker is an infrastructure end: re-queued while infra_retries is below
+    max_infra_retries (attempt 3 of max_attempts 3 does not matter), then failed."""
+    settings = make_settings(db_url, max_infra_retries=2)
     job_id = new_job(sessions)
     with sessions() as s:
         transition(s, job_id, CLAIM, attempt=3, lease_owner="dead:1",
+                   lease_expires_at=utcnow())
+        s.commit()
+    assert reap_once(sessions, settings, lambda *a: None)["requeued"] == 1
+    with sessions() as s:  # claimed again by a worker that dies too; its budget is spent
+        s.get(Job, job_id).infra_retries = 2
+        transition(s, job_id, CLAIM, attempt=4, lease_owner="dead:2",
                    lease_expires_at=utcnow())
         s.commit()
     lost = new_job(sessions)
@@ -263,7 +279,8 @@ def test_reaper_fails_after_max_attempts_and_resends_lost_messages(settings, ses
     counts = reap_once(sessions, settings, lambda *a: sent.append(a))
     assert counts["failed"] == 1 and counts["resent"] >= 1
     job = job_row(sessions, job_id)
-    assert job.status == "failed" and "attempt 3 of 3" in job.error["reason"]
+    assert job.status == "failed" and job.end_class == "infrastructure"
+    assert "on attempt 4, after 2 infrastructure retries" in job.error["reason"], job.error
     assert (lost, "cpu", 0) in sent
     assert reap_once(sessions, settings, lambda *a: sent.append(a))["resent"] == 0
 
@@ -307,3 +324,32 @@ def test_poll_interval_step_sets_polling_transports_only():
     step.start(step.__new__(step), evented)
     assert polling.connection.transport.polling_interval == 0.1
     assert evented.connection.transport.polling_interval is None
+
+
+def test_an_infrastructure_exit_requeues_on_its_own_budget_then_fails(make_settings, db_url,
+                                                                      sessions):
+    """The engine's watchdog exit (5, a hang) is an infrastructure end: re-queued without
+    using an attempt while max_infra_retries allows, then failed naming the budget. A data
+    error (exit 3) is the job's: failed at once."""
+    settings = make_settings(db_url, max_infra_retries=1)
+    job_id = new_job(sessions, {"epochs": 2, "fake_exit": 5})
+    sent = []
+    assert run_job(job_id, settings=settings, sessions=sessions,
+                   on_requeue=lambda *a: sent.append(a)) == "queued"
+    job = job_row(sessions, job_id)
+    assert (job.status, job.end_class, job.infra_retries) == ("queued", "infrastructure", 1)
+    assert sent[0] == (job_id, "cpu", 0)
+    reason = _requeue_reasons(sessions, job_id)[-1]
+    assert reason.startswith("infrastructure: DatasetError: data broke; re-queued for attempt "
+                             "2 (infrastructure retry 1 of 1)"), reason
+    assert run_job(job_id, settings=settings, sessions=sessions) == "failed"
+    job = job_row(sessions, job_id)
+    assert job.end_class == "infrastructure" and job.attempt == 2
+    assert job.error["reason"].endswith("after 1 infrastructure retries"), job.error
+    assert job.error["exit_code"] == 5
+
+    data_error = new_job(sessions, {"epochs": 2, "fake_exit": 3})
+    assert run_job(data_error, settings=settings, sessions=sessions) == "failed"
+    job = job_row(sessions, data_error)
+    assert (job.end_class, job.attempt, job.infra_retries) == ("job", 1, 0)
+    assert job.end_reason == "data error: DatasetError: data broke"

@@ -269,9 +269,9 @@ def test_reaper_wakes_held_jobs_and_resends_without_resetting_age(settings, sess
     a, _ = new_user(sessions, cap=1)
     dead = add_job(sessions, a, q)
     held = add_job(sessions, a, q)
-    with sessions() as s:  # a worker claimed it on its last attempt and died
+    with sessions() as s:  # a worker claimed it with its infrastructure budget spent, and died
         transition(s, dead, CLAIM, attempt=3, lease_owner="dead:1",
-                   lease_expires_at=utcnow())
+                   lease_expires_at=utcnow(), infra_retries=settings.max_infra_retries)
         s.get(Job, held).sent_at = utcnow() - timedelta(days=1)
         s.commit()
     enqueued = row(sessions, held).enqueued_at

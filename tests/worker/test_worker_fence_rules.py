@@ -1,0 +1,55 @@
+"""The attempt fence's two sides, fast: the engine's check (a real process that ends with
+exit 6 instead of writing) and the ingester's refusal of a given-up attempt's lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from testkit import REPO
+
+from worker.tail import Observed
+
+WRITE = r'''
+import sys
+from pathlib import Path
+from libreyolo_core.engine.events import EventLog
+from libreyolo_core.records.events import ProgressEvent
+log = EventLog(Path(sys.argv[1]))
+log.write(ProgressEvent(epoch=1, step=1))
+Path(sys.argv[2]).write_text("2.new\n")  # attempt 2 raises the fence
+log.write(ProgressEvent(epoch=1, step=2))
+print("not fenced")
+'''
+
+
+def test_an_engine_of_a_given_up_attempt_stops_before_its_next_write(tmp_path):
+    events, fence = tmp_path / "events.jsonl", tmp_path / "attempt.fence"
+    fence.write_text("1.old\n")
+    env = {"PYTHONPATH": str(REPO), "LIBREYOLO_ATTEMPT_TOKEN": "1.old",
+           "LIBREYOLO_FENCE_FILE": str(fence), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", WRITE, str(events), str(fence)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 6, out
+    assert "fenced: this engine runs attempt 1.old, but attempt 2.new" in out.stderr
+    assert "not fenced" not in out.stdout
+    [line] = [json.loads(ln) for ln in events.read_text().splitlines()]
+    assert (line["step"], line["attempt_token"]) == (1, "1.old")
+
+
+def test_the_ingester_keeps_an_earlier_attempts_history_and_refuses_what_came_after():
+    def line(token: str, step: int) -> bytes:
+        return json.dumps({"event": "progress", "time": 1.0, "epoch": 1, "step": step,
+                           "attempt_token": token}).encode()
+
+    before = [line("1.old", 1), line("1.old", 2)]
+    seen = Observed(None, log_tail_lines=5, attempt_token="2.new")
+    seen.fence_offset = sum(len(b) + 1 for b in before)
+    rows = seen.take([*before, line("1.old", 3), line("2.new", 1), b'{"event": "x"}'], [])
+    kept = [r[2] for r in rows if r[0] != "log"]
+    assert [(e.get("attempt_token"), e.get("step")) for e in kept] == [
+        ("1.old", 1), ("1.old", 2), ("2.new", 1), (None, None)]
+    assert seen.refused == 1
+    [note] = [r[2] for r in rows if r[0] == "log"]
+    assert "refused 1 event line(s) of an earlier attempt" in note["lines"][0]
