@@ -1,7 +1,7 @@
 """tokens: expires_at (optional expiry) and revoked_at
 
-Revision ID: 0007t
-Revises: 0006
+Revision ID: 0008t
+Revises: 0007e
 Create Date: 2026-12-01
 """
 
@@ -10,8 +10,8 @@ from alembic import op
 
 from service.db.models import UTCDateTime
 
-revision = "0007t"
-down_revision = "0006"
+revision = "0008t"
+down_revision = "0007e"
 branch_labels = None
 depends_on = None
 
