@@ -38,7 +38,8 @@ class UsageError(ValueError):
 
 
 COMMAND_KEYS: dict[str, set[str]] = {
-    "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json"},
+    "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json",
+            "save", "plots", "plot_images", "project", "name", "exist_ok"},
     "predict": {"model", "source", "conf", "iou", "imgsz", "max_det", "device", "json"},
     "cfg": set(),  # any training key: the schema checks them
     "checks": {"data", "json"},
@@ -103,7 +104,7 @@ def _check_keys(command: str, keys: dict[str, Any]) -> None:
                              f"Valid keys: {', '.join(sorted(allowed)) or '(none)'}")
 
 
-def _typed(keys: dict[str, Any], types: dict[str, type]) -> dict[str, Any]:
+def _typed(keys: dict[str, Any], types: dict[str, Callable[[str], Any]]) -> dict[str, Any]:
     """``keys`` with the listed ones converted; a value that does not convert, or an
     ``imgsz`` under 32, is a :class:`UsageError` naming the key."""
     out = dict(keys)
@@ -113,7 +114,7 @@ def _typed(keys: dict[str, Any], types: dict[str, type]) -> dict[str, Any]:
         try:
             out[key] = kind(out[key])
         except (TypeError, ValueError):
-            what = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
+            what = {int: "an integer", float: "a number"}.get(kind, "true or false")  # type: ignore[call-overload]
             raise UsageError(f"{key}={out[key]!r} is not {what}") from None
     if "imgsz" in out and out["imgsz"] < 32:
         raise UsageError(f"imgsz={out['imgsz']} must be >= 32 (pixels)")
@@ -178,7 +179,8 @@ def cmd_val(keys: dict[str, Any]) -> int:
     as_json = _bool(keys.pop("json", False))
     model = LibreYOLO(keys.pop("model", "yolo9-t"))
     m = model.val(**_typed(keys, {"batch": int, "imgsz": int, "max_det": int, "workers": int,
-                                  "conf": float, "iou": float}))
+                                  "conf": float, "iou": float, "save": _bool, "plots": _bool,
+                                  "plot_images": int, "exist_ok": _bool}), verbose=not as_json)
     if as_json:
         print(json.dumps(m))
     else:

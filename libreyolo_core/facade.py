@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,11 +272,24 @@ class LibreYOLO:
         max_det: int = 300,
         device: str = "auto",
         workers: int = 2,
+        save: bool = True,
+        plots: bool = True,
+        plot_images: int = 16,
+        project: str | Path = "runs/val",
+        name: str = "exp",
+        exist_ok: bool = False,
+        verbose: bool = True,
     ) -> dict[str, Any]:
-        """COCO metrics of this model on a split of ``data``.
+        """COCO metrics of this model on a split of ``data``, and its validation report.
+
+        With ``save`` the report (:mod:`~libreyolo_core.eval.report`: ``report.json``,
+        ``predictions.json``, the curves, confusion matrices and ``plot_images`` pictures
+        of detections unless ``plots=False``) goes to ``project/name`` (``runs/val/exp``,
+        ``exp2``, ... unless ``exist_ok``); ``verbose`` prints its per-class table.
 
         Returns:
-            ``mAP50-95``, ``mAP50``, ``precision``, ``recall``, ``per_class_AP``.
+            ``mAP50-95``, ``mAP50``, ``precision``, ``recall``, ``per_class_AP``; with
+            ``save``, ``save_dir`` (the report's folder) too.
 
         Raises:
             DataConfigError: the yaml has no such split.
@@ -285,7 +299,7 @@ class LibreYOLO:
         from libreyolo_core.data.loader import build_dataloader
         from libreyolo_core.data.scan import scan_split
         from libreyolo_core.distributed.device import select_device
-        from libreyolo_core.eval.validate import validate
+        from libreyolo_core.eval.validate import ValPredictions, validate
 
         dc = load_data_config(data)
         if len(dc.names) != self.nc:
@@ -295,11 +309,30 @@ class LibreYOLO:
         ds = YOLODataset(report, self._inference_size(imgsz), augment=False, cache=False)
         loader = build_dataloader(ds, batch, workers, shuffle=False)
         self.model.to(dev)
+        kept = ValPredictions() if save else None
         try:
-            return validate(self.model, self.family, loader, dev, self.nc, conf=conf, iou=iou,
-                            max_det=max_det)
+            t0 = time.perf_counter()
+            metrics = validate(self.model, self.family, loader, dev, self.nc, conf=conf, iou=iou,
+                               max_det=max_det, keep=kept)
+            val_s = time.perf_counter() - t0
         finally:
             self.model.cpu().eval()
+        if kept is not None:
+            from libreyolo_core.engine.rundir import make_run_dir
+            from libreyolo_core.eval.report import format_table, write_report
+
+            out = make_run_dir(project, name, exist_ok, weights=False)
+            train_labels = None
+            if plots and dc.train:
+                train_labels = [r.labels for r in scan_split(dc, "train").records]
+            meta = {"epoch": None, "model": self.name, "imgsz": ds.imgsz, "split": split, "data": str(dc.yaml_path),
+                    "val_time_s": round(val_s, 3)}
+            report = write_report(out, kept, dict(self.names), plot_images, train_labels, meta, plots=plots)
+            if verbose:
+                print(format_table(report), flush=True)
+                print(f"report: {out} ({report['timing']['total_s']:.2f} s; validation {val_s:.2f} s)", flush=True)
+            metrics["save_dir"] = str(out)
+        return metrics
 
     # -- inference ------------------------------------------------------------------------
     @torch.no_grad()

@@ -135,8 +135,8 @@ def confidence_curves(detections: Sequence[Any], targets: Sequence[Any], matches
         curves average these rows); ``best_conf``: the threshold of the highest mean F1
         (the lowest such, when tied); ``n_gt``: (nc,) ground-truth boxes per class.
     """
-    scores = [[] for _ in range(nc)]
-    tps = [[] for _ in range(nc)]
+    scores: list[list[float]] = [[] for _ in range(nc)]
+    tps: list[list[int]] = [[] for _ in range(nc)]
     n_gt = np.zeros(nc, np.int64)
     for det, tgt, mt in zip(detections, targets, matches, strict=True):
         cls = np.asarray(det.classes).astype(np.int64).reshape(-1)

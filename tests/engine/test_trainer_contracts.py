@@ -27,6 +27,7 @@ from libreyolo_core.engine.hooks import (
     HookBase,
     MosaicSwitchHook,
     NonFiniteGuard,
+    ReportHook,
     ValidationHook,
     default_hooks,
 )
@@ -43,10 +44,12 @@ def _fake_trainer(rank: int, world_size: int, profile: bool) -> types.SimpleName
 
 
 @pytest.mark.parametrize("rank, world_size, profile, expected", [
-    (0, 1, False, [MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard, CallbackHook]),
-    (0, 1, True, [MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
+    (0, 1, False, [MosaicSwitchHook, ValidationHook, CheckpointHook, ReportHook, ProgressHook, NonFiniteGuard,
+                   CallbackHook]),
+    (0, 1, True, [MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ReportHook, ProgressHook, NonFiniteGuard,
                   CallbackHook]),
-    (0, 2, True, [MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard, CallbackHook]),
+    (0, 2, True, [MosaicSwitchHook, ValidationHook, CheckpointHook, ReportHook, ProgressHook, NonFiniteGuard,
+                  CallbackHook]),
     (1, 2, False, [MosaicSwitchHook, ValidationHook, NonFiniteGuard]),
 ], ids=["single", "profiled", "ddp-rank0", "ddp-rank1"])
 def test_default_hooks_decide_rank_0_once(rank, world_size, profile, expected):
