@@ -47,13 +47,20 @@ def plot_curves(report: dict[str, Any], out: Path) -> dict[str, str]:
     many = len(pr["precision"]) > LEGEND_CLASSES
 
     def per_class(ax, x, series):
-        for name, y in series.items():
-            if many:
-                ax.plot(x, y, color="grey", linewidth=0.6, alpha=0.5)
-            else:
-                ax.plot(x, y, linewidth=1.2, label=name)
+        if many:  # one artist for all the thin lines: cheap to draw
+            from matplotlib.collections import LineCollection
 
-    fig, ax = plt.subplots(figsize=(8, 6), dpi=100, tight_layout=True)
+            segs = [np.column_stack([x, y]) for y in series.values()]
+            ax.add_collection(LineCollection(segs, colors="grey", linewidths=0.6, alpha=0.5))
+            return
+        for name, y in series.items():
+            ax.plot(x, y, linewidth=1.2, label=name)
+
+    def figure():
+        fig = plt.figure(figsize=(8, 6), dpi=100)
+        return fig, fig.add_axes((0.09, 0.09, 0.88, 0.84))
+
+    fig, ax = figure()
     per_class(ax, pr["recall"], pr["precision"])
     ax.plot(pr["recall"], pr["mean"], color="blue", linewidth=3, label=f"all classes mAP50 {pr['mAP50']:.3f}")
     ax.set(xlabel="Recall", ylabel="Precision", xlim=(0, 1), ylim=(0, 1.02), title="Precision-Recall (IoU 0.50)")
@@ -63,7 +70,7 @@ def plot_curves(report: dict[str, Any], out: Path) -> dict[str, str]:
     files["pr_curve"] = "PR_curve.png"
     for key, label, fname in (("f1", "F1", "F1_curve.png"), ("precision", "Precision", "P_curve.png"),
                               ("recall", "Recall", "R_curve.png")):
-        fig, ax = plt.subplots(figsize=(8, 6), dpi=100, tight_layout=True)
+        fig, ax = figure()
         per_class(ax, cc["conf"], cc[key])
         mean = np.asarray(cc["mean"][key])
         i = int(np.argmin(np.abs(np.asarray(cc["conf"]) - cc["best_conf"])))
@@ -88,17 +95,31 @@ def plot_confusion(report: dict[str, Any], out: Path) -> dict[str, str]:
     # only the classes that occur (as truth or prediction) when there are many
     counts = np.asarray(cm["counts"])
     keep = np.arange(n) if n <= 31 else np.flatnonzero((counts.sum(0) + counts.sum(1)) > 0)
+    k = len(keep)
+    size = max(6.0, min(0.16 * k + 3, 13.0))
+    # fixed margins (no tight_layout: it draws the figure once more to measure it); one
+    # figure for both files: the ticks, the costly part with many classes, are made once
+    margin = min(0.25, (0.1 * max(len(x) for x in labels) * 0.9 + 0.6) / size)
+    fig = plt.figure(figsize=(size + 1, size), dpi=100)
+    ax = fig.add_axes((margin, margin, 0.93 - margin - 1.2 / (size + 1), 0.95 - margin - 0.05))
+    cax = fig.add_axes((0.95 - 0.9 / (size + 1), margin, 0.25 / (size + 1), 0.9 - margin))
+    names = [labels[i] for i in keep]
+    ax.set_xticks(range(k), names, rotation=90, fontsize=8)
+    ax.set_yticks(range(k), names, fontsize=8)
+    ax.set(xlabel="Predicted", ylabel="True")
+    im = None
     files = {}
     for key, fname, fmt in (("counts", "confusion_matrix.png", "d"), ("normalized", "confusion_matrix_normalized.png", ".2f")):
         m = np.asarray(cm[key])[np.ix_(keep, keep)]
-        k = len(keep)
-        size = max(6.0, min(0.22 * k + 3, 13.0))
-        fig, ax = plt.subplots(figsize=(size, size * 0.85), dpi=100, tight_layout=True)
-        im = ax.imshow(m, cmap="Blues", vmin=0, vmax=(1 if key == "normalized" else max(int(m.max()), 1)))
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        names = [labels[i] for i in keep]
-        ax.set_xticks(range(k), names, rotation=90, fontsize=8)
-        ax.set_yticks(range(k), names, fontsize=8)
+        vmax = 1 if key == "normalized" else max(int(m.max()), 1)
+        if im is None:
+            im = ax.imshow(m, cmap="Blues", vmin=0, vmax=vmax)
+            fig.colorbar(im, cax=cax)
+        else:
+            im.set_data(m)
+            im.set_clim(0, vmax)
+        for text in list(ax.texts):
+            text.remove()
         if k <= 31:
             thresh = (m.max() or 1) / 2
             for i in range(k):
@@ -107,12 +128,11 @@ def plot_confusion(report: dict[str, Any], out: Path) -> dict[str, str]:
                     if v:
                         ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
                                 color="white" if v > thresh else "black")
-        ax.set(xlabel="Predicted", ylabel="True",
-               title=f"Confusion matrix{' (row-normalised)' if key == 'normalized' else ''}  "
+        ax.set_title(f"Confusion matrix{' (row-normalised)' if key == 'normalized' else ''}  "
                      f"conf >= {cm['conf']}, IoU > {cm['iou']}")
         fig.savefig(out / fname)
-        plt.close(fig)
         files[f"confusion_matrix{'_normalized' if key == 'normalized' else ''}"] = fname
+    plt.close(fig)
     return files
 
 
@@ -124,7 +144,8 @@ def plot_labels(labels: Sequence[np.ndarray], names: dict[int, str], path: Path)
     lab = np.concatenate(rows) if rows else np.zeros((0, 5))
     nc = len(names)
     counts = np.bincount(lab[:, 0].astype(np.int64), minlength=nc)[:nc]
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5), dpi=100, tight_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(18, 6), dpi=100)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.22 if nc <= 40 else 0.12, top=0.93, wspace=0.25)
     ax = axes[0]
     ax.bar(range(nc), counts, color="steelblue")
     ax.set(ylabel="instances", title=f"Instances per class ({len(lab)} boxes, {len(rows)} images)")
