@@ -128,8 +128,8 @@ def plot_confusion(report: dict[str, Any], out: Path) -> dict[str, str]:
                     if v:
                         ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
                                 color="white" if v > thresh else "black")
-        ax.set_title(f"Confusion matrix{' (row-normalised)' if key == 'normalized' else ''}  "
-                     f"conf >= {cm['conf']}, IoU > {cm['iou']}")
+        ax.set_title(f"Confusion matrix{' (row-normalised)' if key == 'normalized' else ' (counts)'}\n"
+                     f"detections with conf >= {cm['conf']}, matched at IoU > {cm['iou']}", fontsize=10)
         fig.savefig(out / fname)
         files[f"confusion_matrix{'_normalized' if key == 'normalized' else ''}"] = fname
     plt.close(fig)
@@ -155,8 +155,10 @@ def plot_labels(labels: Sequence[np.ndarray], names: dict[int, str], path: Path)
         ax.set_xlabel("class id")
     for ax, (a, b), title, xl, yl in ((axes[1], (1, 2), "Box centres", "x", "y"),
                                       (axes[2], (3, 4), "Box sizes", "width", "height")):
-        if len(lab):
-            ax.hist2d(lab[:, a], lab[:, b], bins=50, range=[[0, 1], [0, 1]], cmap="Blues", cmin=1)
+        if len(lab) > 2000:  # many boxes: a density (a count of 1 still shows: vmin 0)
+            ax.hist2d(lab[:, a], lab[:, b], bins=50, range=[[0, 1], [0, 1]], cmap="Blues", cmin=1, vmin=0)
+        elif len(lab):
+            ax.scatter(lab[:, a], lab[:, b], s=8, alpha=0.5, color="steelblue", linewidths=0)
         ax.set(xlim=(0, 1), ylim=(0, 1), title=title, xlabel=f"{xl} (fraction of image)",
                ylabel=f"{yl} (fraction of image)", aspect="equal")
     axes[1].invert_yaxis()  # image coordinates: y grows downwards
