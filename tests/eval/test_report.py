@@ -131,3 +131,21 @@ def test_table_marks_classes_without_instances(tmp_path):
     assert "dog" in text and "(no instances in this split)" in text
     assert report["images"][0]["fp_classes"] == ["cow"] and report["images"][0]["tp"] == 1
     assert set(report["pr_curve"]["precision"]) == {"cat"}
+
+
+def test_sdk_reads_the_engine_report_typed(tmp_path):
+    """The SDK's :class:`ValReport` parses what :func:`write_report` writes (the contract
+    between the engine and ``job.report()``)."""
+    from libreyolo_client import ValReport
+
+    tgts = [ImageTargets(np.array([[5, 5, 20, 20], [30, 5, 50, 25]]), np.array([0, 1]), 60, 40)]
+    dets = [ImageDetections(np.array([[5, 5, 20, 21]]), np.array([0.9]), np.array([0]))]
+    kept = ValPredictions(dets, tgts, [str(tmp_path / "none.png")], coco_metrics(dets, tgts, 3, detail=True))
+    written = write_report(tmp_path / "val", kept, {0: "cat", 1: "dog", 2: "cow"}, plots=False)
+    typed = ValReport.model_validate(json.loads((tmp_path / "val" / "report.json").read_text()))
+    assert [r.name for r in typed.table] == ["all", "cat", "dog", "cow"]
+    assert typed.row("cat").mAP50 == pytest.approx(1.0) and typed.row("dog").recall == 0.0
+    assert typed.row("cow").no_instances and typed.row("cow").mAP50_95 is None
+    assert typed.row("all").mAP50_95 == written["metrics"]["mAP50-95"]
+    with pytest.raises(KeyError, match="no class 'horse'"):
+        typed.row("horse")
