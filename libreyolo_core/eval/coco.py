@@ -165,10 +165,10 @@ def coco_metrics(
         per_class[cat - 1] = float(valid.mean()) if valid.size else 0.0
     matches = match_all(detections, targets, 0.5, max_det)
     curves = confidence_curves(detections, targets, matches, nc)
-    best, present0 = curves["best_index"], curves["classes"]
+    present0 = curves["classes"]
     out = {
-        "precision": float(curves["precision"][present0, best].mean()) if len(present0) else 0.0,
-        "recall": float(curves["recall"][present0, best].mean()) if len(present0) else 0.0,
+        "precision": float(curves["p_best"][present0].mean()) if len(present0) else 0.0,
+        "recall": float(curves["r_best"][present0].mean()) if len(present0) else 0.0,
         "mAP50": max(float(ev.stats[1]), 0.0),
         "mAP50-95": max(float(ev.stats[0]), 0.0),
         "per_class_AP": per_class,

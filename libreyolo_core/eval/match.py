@@ -133,38 +133,47 @@ def confidence_curves(detections: Sequence[Any], targets: Sequence[Any], matches
         ``conf`` (101,) the thresholds (:data:`CONF_GRID`); ``precision``, ``recall``,
         ``f1``: (nc, 101) arrays; ``classes``: the class ids with ground truth (the mean
         curves average these rows); ``best_conf``: the threshold of the highest mean F1
-        (the lowest such, when tied); ``n_gt``: (nc,) ground-truth boxes per class.
+        (the lowest such, when tied); ``n_gt``: (nc,) ground-truth boxes per class;
+        ``p_best``, ``r_best``: (nc,) P and R at ``best_conf`` (P 0.0 where the class has
+        no detection left: the curve's 1.0 there is only how it is drawn).
     """
-    scores: list[list[float]] = [[] for _ in range(nc)]
-    tps: list[list[int]] = [[] for _ in range(nc)]
     n_gt = np.zeros(nc, np.int64)
+    all_c, all_s, all_t = [], [], []
     for det, tgt, mt in zip(detections, targets, matches, strict=True):
-        cls = np.asarray(det.classes).astype(np.int64).reshape(-1)
-        sc = np.asarray(det.scores, np.float64).reshape(-1)
         keep = mt.dt_state >= 0
-        for c, s, t in zip(cls[keep], sc[keep], mt.dt_state[keep], strict=True):
-            scores[c].append(s)
-            tps[c].append(t)
+        all_c.append(np.asarray(det.classes).astype(np.int64).reshape(-1)[keep])
+        all_s.append(np.asarray(det.scores, np.float64).reshape(-1)[keep])
+        all_t.append(mt.dt_state[keep].astype(np.int64))
         gcls = np.asarray(tgt.classes).astype(np.int64).reshape(-1)
         n_gt += np.bincount(gcls[np.isfinite(mt.gt_score)], minlength=nc)[:nc]
+    cls = np.concatenate(all_c) if all_c else np.zeros(0, np.int64)
+    sc = np.concatenate(all_s) if all_s else np.zeros(0)
+    tp_flag = np.concatenate(all_t) if all_t else np.zeros(0, np.int64)
+    order = np.lexsort((-sc, cls))  # by class, then descending score (stable)
+    cls, sc, tp_flag = cls[order], sc[order], tp_flag[order]
+    bounds = np.searchsorted(cls, np.arange(nc + 1))
     precision = np.ones((nc, len(CONF_GRID)))
     recall = np.zeros((nc, len(CONF_GRID)))
+    n_det = np.zeros((nc, len(CONF_GRID)), np.int64)
     for c in range(nc):
-        if not scores[c]:
+        lo, hi = bounds[c], bounds[c + 1]
+        if lo == hi:
             continue
-        s = np.asarray(scores[c])
-        order = np.argsort(-s, kind="mergesort")
-        s, t = s[order], np.asarray(tps[c])[order]
+        s, t = sc[lo:hi], tp_flag[lo:hi]
         ctp = np.concatenate([[0], np.cumsum(t)])
         k = np.searchsorted(-s, -CONF_GRID, side="right")  # detections with score >= c
         tp, n = ctp[k], k
-        with np.errstate(divide="ignore", invalid="ignore"):
-            precision[c] = np.where(n > 0, tp / np.maximum(n, 1), 1.0)
-            recall[c] = tp / n_gt[c] if n_gt[c] else 0.0
+        n_det[c] = n
+        precision[c] = np.where(n > 0, tp / np.maximum(n, 1), 1.0)
+        recall[c] = tp / n_gt[c] if n_gt[c] else 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
     classes = np.flatnonzero(n_gt > 0)
     mean_f1 = f1[classes].mean(0) if len(classes) else np.zeros(len(CONF_GRID))
     best = int(np.argmax(mean_f1))
+    # the table's P at best_conf: 0 for a class with no detection left there (the curve's
+    # 1.0 is a drawing convention, not a measured precision)
+    p_best = np.where(n_det[:, best] > 0, precision[:, best], 0.0)
     return {"conf": CONF_GRID.copy(), "precision": precision, "recall": recall, "f1": f1,
-            "classes": classes, "best_conf": float(CONF_GRID[best]), "best_index": best, "n_gt": n_gt}
+            "classes": classes, "best_conf": float(CONF_GRID[best]), "best_index": best, "n_gt": n_gt,
+            "p_best": p_best, "r_best": recall[:, best].copy()}

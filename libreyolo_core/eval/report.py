@@ -174,8 +174,8 @@ def build_report(pass_: Any, names: dict[int, str], plot_images: int = 16,
         has = bool(n_gt[c])
         rows.append({"class": names.get(c, str(c)), "id": c, "images": int(img_count[c]),
                      "instances": int(n_gt[c]),
-                     "precision": _r(curves["precision"][c, best]) if has else None,
-                     "recall": _r(curves["recall"][c, best]) if has else None,
+                     "precision": _r(curves["p_best"][c]) if has else None,
+                     "recall": _r(curves["r_best"][c]) if has else None,
                      "mAP50": _r(ap50.get(c, 0.0)) if has else None,
                      "mAP50-95": _r(ap.get(c, 0.0)) if has else None, "no_instances": not has})
     present = [int(c) for c in curves["classes"]]

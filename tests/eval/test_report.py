@@ -149,3 +149,14 @@ def test_sdk_reads_the_engine_report_typed(tmp_path):
     assert typed.row("all").mAP50_95 == written["metrics"]["mAP50-95"]
     with pytest.raises(KeyError, match="no class 'horse'"):
         typed.row("horse")
+
+
+def test_a_class_never_predicted_has_precision_zero_not_one():
+    """The P curve is drawn at 1.0 where no detection is left (Ultralytics' convention);
+    the table and the metrics say 0.0 for a class that was never predicted."""
+    tgts = [ImageTargets(np.array([[0, 0, 10, 10], [20, 20, 30, 30]]), np.array([0, 1]), 50, 50)]
+    dets = [ImageDetections(np.array([[0, 0, 10, 10]]), np.array([0.9]), np.array([0]))]
+    m = coco_metrics(dets, tgts, 2, detail=True)
+    assert m["precision"] == pytest.approx(0.5) and m["recall"] == pytest.approx(0.5)
+    assert m["detail"]["curves"]["precision"][1].tolist() == [1.0] * 101  # the drawing
+    assert m["detail"]["curves"]["p_best"].tolist() == [1.0, 0.0]
