@@ -68,9 +68,12 @@ def plot_curves(report: dict[str, Any], out: Path) -> dict[str, str]:
     fig.savefig(out / "PR_curve.png")
     plt.close(fig)
     files["pr_curve"] = "PR_curve.png"
+    fig, ax = figure()  # one figure for the three: its axes and ticks are made once
     for key, label, fname in (("f1", "F1", "F1_curve.png"), ("precision", "Precision", "P_curve.png"),
                               ("recall", "Recall", "R_curve.png")):
-        fig, ax = figure()
+        for artist in [*ax.lines, *ax.collections]:
+            artist.remove()
+        ax.set_prop_cycle(None)  # the same class colours in each file
         per_class(ax, cc["conf"], cc[key])
         mean = np.asarray(cc["mean"][key])
         i = int(np.argmin(np.abs(np.asarray(cc["conf"]) - cc["best_conf"])))
@@ -80,8 +83,8 @@ def plot_curves(report: dict[str, Any], out: Path) -> dict[str, str]:
         ax.set(xlabel="Confidence", ylabel=label, xlim=(0, 1), ylim=(0, 1.02), title=f"{label}-Confidence")
         ax.legend(loc="lower left" if key != "recall" else "upper right", fontsize=8)
         fig.savefig(out / fname)
-        plt.close(fig)
         files[f"{key}_curve"] = fname
+    plt.close(fig)
     return files
 
 
@@ -104,10 +107,19 @@ def plot_confusion(report: dict[str, Any], out: Path) -> dict[str, str]:
     ax = fig.add_axes((margin, margin, 0.93 - margin - 1.2 / (size + 1), 0.95 - margin - 0.05))
     cax = fig.add_axes((0.95 - 0.9 / (size + 1), margin, 0.25 / (size + 1), 0.9 - margin))
     names = [labels[i] for i in keep]
-    ax.set_xticks(range(k), names, rotation=90, fontsize=8)
-    ax.set_yticks(range(k), names, fontsize=8)
-    ax.set(xlabel="Predicted", ylabel="True")
+    if k <= 31:
+        ax.set_xticks(range(k), names, rotation=90, fontsize=8)
+        ax.set_yticks(range(k), names, fontsize=8)
+    else:  # many classes: plain texts, not ticks (a tick is five artists to lay out and draw)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for i, name in enumerate(names):
+            ax.text(i, k - 0.3, name, rotation=90, ha="center", va="top", fontsize=7, clip_on=False)
+            ax.text(-0.8, i, name, ha="right", va="center", fontsize=7, clip_on=False)
+    ax.set_xlabel("Predicted", labelpad=(8 if k <= 31 else 6.5 * max(len(x) for x in names) + 8))
+    ax.set_ylabel("True", labelpad=(8 if k <= 31 else 6.5 * max(len(x) for x in names) + 8))
     im = None
+    cells: list[Any] = []
     files = {}
     for key, fname, fmt in (("counts", "confusion_matrix.png", "d"), ("normalized", "confusion_matrix_normalized.png", ".2f")):
         m = np.asarray(cm[key])[np.ix_(keep, keep)]
@@ -118,16 +130,17 @@ def plot_confusion(report: dict[str, Any], out: Path) -> dict[str, str]:
         else:
             im.set_data(m)
             im.set_clim(0, vmax)
-        for text in list(ax.texts):
+        for text in cells:
             text.remove()
+        cells.clear()
         if k <= 31:
             thresh = (m.max() or 1) / 2
             for i in range(k):
                 for j in range(k):
                     v = m[i, j]
                     if v:
-                        ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
-                                color="white" if v > thresh else "black")
+                        cells.append(ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
+                                             color="white" if v > thresh else "black"))
         ax.set_title(f"Confusion matrix{' (row-normalised)' if key == 'normalized' else ' (counts)'}\n"
                      f"detections with conf >= {cm['conf']}, matched at IoU > {cm['iou']}", fontsize=10)
         fig.savefig(out / fname)
