@@ -85,7 +85,7 @@
   function renderGallery() {
     const box = document.getElementById('report-gallery');
     const want = document.getElementById('report-class').value;
-    const errorsOnly = document.getElementById('report-errors').checked;
+    const errorsOnly = document.getElementById('report-errors').value === 'errors';
     const shown = report.images.filter(function (im) {
       if (want && im.classes.indexOf(want) === -1) return false;
       return !errorsOnly || im.fp > 0 || im.fn > 0;
