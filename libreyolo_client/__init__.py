@@ -38,8 +38,11 @@ from libreyolo_client._models import (
     NodeWorker,
     Preflight,
     PreflightActual,
+    ReportImage,
+    ReportRow,
     TuneReport,
     TuneRow,
+    ValReport,
 )
 
 __all__ = [
@@ -64,10 +67,13 @@ __all__ = [
     "NotFound",
     "Preflight",
     "PreflightActual",
+    "ReportImage",
+    "ReportRow",
     "ServiceUnavailable",
     "SubmitWarning",
     "TuneReport",
     "TuneRow",
+    "ValReport",
     "ValidationError",
     "WaitTimeout",
 ]

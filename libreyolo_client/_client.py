@@ -46,6 +46,7 @@ from libreyolo_client._models import (
     Model,
     Preflight,
     TuneReport,
+    ValReport,
 )
 from libreyolo_client._progress import EventPrinter
 from libreyolo_client._sse import SSEvent, parse_sse
@@ -791,6 +792,17 @@ class Job:
         return Model.model_validate(self._client._json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
             timeout=httpx.Timeout(300.0, connect=10.0)))
+
+    def report(self) -> ValReport:
+        """The validation report of a training job (``val/report.json``, written when the
+        run ends): the per-class table, curves, confusion matrix and the pictures' list.
+
+        Raises:
+            NotFound: the job has no report (not finished yet, not a training job, or a run
+                without validation).
+        """
+        r = self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/val/report.json")
+        return ValReport.model_validate(r.json())
 
     def artifacts(self) -> list[ArtifactInfo]:
         """Files of the run directory (path, kind, size_bytes; sha256 once finished)."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
-           "PreflightActual", "TuneReport", "TuneRow", "TERMINAL_STATUSES"]
+           "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
+           "TERMINAL_STATUSES"]
 
 #: statuses a job never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -265,3 +266,70 @@ class Preflight(_Model):
     phases: list[dict[str, Any]] = []
     notes: list[str] = []
     actual: PreflightActual | None = None
+
+
+class ReportRow(_Model):
+    """One row of the validation report's per-class table: ``class`` (``"all"`` for the
+    first row, whose ``id`` is None), ``images`` and ``instances`` of the class in the
+    split, ``precision``, ``recall`` (at the confidence of best mean F1), ``mAP50`` and
+    ``mAP50-95``; a class without instances has ``no_instances`` True and None metrics."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field(alias="class")
+    id: int | None = None
+    images: int = 0
+    instances: int = 0
+    precision: float | None = None
+    recall: float | None = None
+    mAP50: float | None = None
+    mAP50_95: float | None = Field(None, alias="mAP50-95")
+    no_instances: bool = False
+
+
+class ReportImage(_Model):
+    """A picture of the report's detections (``file`` under ``val/``; ground truth beside
+    the predictions): counts of ``tp``, ``fp``, ``fn`` and the classes seen, falsely
+    predicted and missed."""
+
+    file: str
+    source: str = ""
+    classes: list[str] = []
+    tp: int = 0
+    fp: int = 0
+    fn: int = 0
+    fp_classes: list[str] = []
+    fn_classes: list[str] = []
+
+
+class ValReport(_Model):
+    """A training job's validation report (its ``val/report.json``).
+
+    ``table``: the per-class rows (:class:`ReportRow`, ``"all"`` first); ``metrics`` the
+    "all" figures; ``pr_curve`` ``{"recall": [101], "precision": {class: [101]}, "mean",
+    "mAP50"}``; ``confidence_curves`` P, R and F1 against the score threshold and
+    ``best_conf``; ``confusion_matrix`` ``{"labels", "counts", "normalized", "conf",
+    "iou"}`` (rows true, columns predicted, the last one background); ``images`` the
+    pictures (:class:`ReportImage`); ``files`` the plots and COCO files under ``val/``
+    (download them with ``job.download("val/" + name)``).
+    """
+
+    version: int = 1
+    epoch: int | None = None
+    metrics: dict[str, float] = {}
+    table: list[ReportRow] = []
+    pr_curve: dict[str, Any] = {}
+    confidence_curves: dict[str, Any] = {}
+    confusion_matrix: dict[str, Any] = {}
+    images: list[ReportImage] = []
+    files: dict[str, str] = {}
+
+    def row(self, name: str) -> ReportRow:
+        """The table row of class ``name`` (``"all"`` for the totals).
+
+        Raises:
+            KeyError: no such class.
+        """
+        for r in self.table:
+            if r.name == name:
+                return r
+        raise KeyError(f"no class {name!r} in the report (classes: {', '.join(r.name for r in self.table)})")

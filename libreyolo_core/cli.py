@@ -38,8 +38,10 @@ class UsageError(ValueError):
 
 
 COMMAND_KEYS: dict[str, set[str]] = {
-    "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json"},
-    "predict": {"model", "source", "conf", "iou", "imgsz", "max_det", "device", "json"},
+    "val": {"model", "data", "split", "batch", "imgsz", "conf", "iou", "max_det", "device", "workers", "json",
+            "save", "plots", "plot_images", "project", "name", "exist_ok"},
+    "predict": {"model", "source", "conf", "iou", "imgsz", "max_det", "device", "json", "save", "save_txt",
+                "save_conf", "save_json", "project", "name", "exist_ok"},
     "cfg": set(),  # any training key: the schema checks them
     "checks": {"data", "json", "cache_dir"},
     "info": {"model", "imgsz"},
@@ -103,7 +105,7 @@ def _check_keys(command: str, keys: dict[str, Any]) -> None:
                              f"Valid keys: {', '.join(sorted(allowed)) or '(none)'}")
 
 
-def _typed(keys: dict[str, Any], types: dict[str, type]) -> dict[str, Any]:
+def _typed(keys: dict[str, Any], types: dict[str, Callable[[str], Any]]) -> dict[str, Any]:
     """``keys`` with the listed ones converted; a value that does not convert, or an
     ``imgsz`` under 32, is a :class:`UsageError` naming the key."""
     out = dict(keys)
@@ -113,7 +115,7 @@ def _typed(keys: dict[str, Any], types: dict[str, type]) -> dict[str, Any]:
         try:
             out[key] = kind(out[key])
         except (TypeError, ValueError):
-            what = {int: "an integer", float: "a number"}.get(kind, kind.__name__)
+            what = {int: "an integer", float: "a number"}.get(kind, "true or false")  # type: ignore[call-overload]
             raise UsageError(f"{key}={out[key]!r} is not {what}") from None
     if "imgsz" in out and out["imgsz"] < 32:
         raise UsageError(f"imgsz={out['imgsz']} must be >= 32 (pixels)")
@@ -178,7 +180,8 @@ def cmd_val(keys: dict[str, Any]) -> int:
     as_json = _bool(keys.pop("json", False))
     model = LibreYOLO(keys.pop("model", "yolo9-t"))
     m = model.val(**_typed(keys, {"batch": int, "imgsz": int, "max_det": int, "workers": int,
-                                  "conf": float, "iou": float}))
+                                  "conf": float, "iou": float, "save": _bool, "plots": _bool,
+                                  "plot_images": int, "exist_ok": _bool}), verbose=not as_json)
     if as_json:
         print(json.dumps(m))
     else:
@@ -192,21 +195,32 @@ def cmd_predict(keys: dict[str, Any]) -> int:
 
     _check_keys("predict", keys)
     if not keys.get("source"):
-        raise UsageError("libreyolo predict needs source=image|folder")
+        raise UsageError("libreyolo predict needs source=image|folder|glob|list.txt|video")
     as_json = _bool(keys.pop("json", False))
     model = LibreYOLO(keys.pop("model", "yolo9-t"))
     preds = model.predict(**_typed(keys, {"conf": float, "iou": float, "imgsz": int, "max_det": int,
-                                          "source": str, "device": str}))
-    for p in preds:
+                                          "source": str, "device": str, "save": _bool, "save_txt": _bool,
+                                          "save_conf": _bool, "save_json": _bool, "exist_ok": _bool}),
+                          stream=True, verbose=not as_json)
+    n = frames = 0
+    save_dir = None
+    for p in preds:  # a generator: one image or video frame in memory at a time
+        n += 1
+        save_dir = p.extra.get("save_dir", save_dir)
         if as_json:
-            print(json.dumps({"path": p.path, "boxes": p.boxes.tolist(), "scores": p.scores.tolist(),
-                              "classes": p.classes.tolist(), "names": p.names}))
+            print(json.dumps({"path": p.path, "frame": p.extra.get("frame"), "boxes": p.boxes.tolist(),
+                              "scores": p.scores.tolist(), "classes": p.classes.tolist(), "names": p.names}))
+        elif "frame" in p.extra:
+            frames += 1
         else:
             found = ", ".join(f"{n} {s:.2f}" for n, s in zip(p.names, p.scores, strict=True)) or "nothing"
             print(f"{p.path}: {len(p)} detections: {found}")
     if not as_json:
-        print(f"{len(preds)} image(s); no images were saved: predict prints the boxes "
-              "(json=true: one JSON line per image with boxes, scores, classes)", file=sys.stderr)
+        what = f"{n - frames} image(s)" + (f", {frames} video frame(s)" if frames else "")
+        where = (f"; saved to {save_dir}" if save_dir else
+                 "; nothing saved (save=true: annotated images/video, save_txt=true: labels, "
+                 "save_json=true: predictions.json; json=true: one JSON line per image)")
+        print(what + where, file=sys.stderr)
     return EXIT_OK
 
 
@@ -447,7 +461,9 @@ def _exit_for(exc: Exception) -> int:
             print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
-    if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):
+    from libreyolo_core.predict import SourceError
+
+    if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError | SourceError):
         return EXIT_DATA
     if isinstance(exc, CheckpointError):
         return EXIT_MODEL

@@ -39,24 +39,34 @@ COMMAND_HELP: dict[str, CommandHelp] = {
          "libreyolo train data=my.yaml epochs=100 preflight=True   # estimate the run first",
          "torchrun --nproc_per_node=2 -m libreyolo_core.cli train data=my.yaml batch=32")),
     "val": CommandHelp(
-        "measure precision, recall, mAP50 and mAP50-95 of a model on a dataset split",
+        "measure precision, recall, mAP50 and mAP50-95 of a model on a dataset split; print the "
+        "per-class table and write the report (runs/val/exp*: report.json, predictions.json, "
+        "curves, confusion matrices, pictures of detections)",
         (("model", "model name or checkpoint .pt (default yolo9-t)"),
          ("data", "dataset yaml (required)"), ("split", "val (default), train or test"),
          ("imgsz", "input size, pixels"), ("batch", "images per batch"),
          ("conf", "score threshold"), ("iou", "NMS IoU threshold"),
-         ("device", "auto, cpu, 0, cuda:0"), ("json", "true: print the metrics as JSON")),
+         ("device", "auto, cpu, 0, cuda:0"), ("json", "true: print the metrics as JSON"),
+         ("save", "false: no report folder"), ("plots", "false: report.json and predictions.json only"),
+         ("plot_images", "images drawn with their detections (default 16)"),
+         ("project", "parent folder (default runs/val)"), ("name", "folder name (default exp)")),
         ("libreyolo val model=runs/train/exp/weights/best.pt data=coco128.yaml",
          "libreyolo val model=best.pt data=my.yaml split=test json=true")),
     "predict": CommandHelp(
-        "detect objects in an image or a folder of images and print the boxes "
-        "(no images are saved)",
+        "detect objects in images or videos; print the boxes, and save annotated images or "
+        "video, labels and COCO JSON when asked (runs/predict/exp*)",
         (("model", "model name or checkpoint .pt (default yolo9-t)"),
-         ("source", "an image file or a folder of images (required)"),
+         ("source", "an image, a folder, a glob, a list file (.txt) or a video (required)"),
          ("conf", "score threshold"), ("iou", "NMS IoU threshold"),
          ("imgsz", "input size, pixels"), ("max_det", "boxes per image at most"),
          ("device", "auto, cpu, 0, cuda:0"),
+         ("save", "true: annotated images / video"), ("save_txt", "true: YOLO label files"),
+         ("save_conf", "true: a score column in the label files"),
+         ("save_json", "true: predictions.json (COCO results)"),
+         ("project", "parent folder (default runs/predict)"), ("name", "folder name (default exp)"),
          ("json", "true: one JSON line per image (boxes xyxy, scores, classes, names)")),
-        ("libreyolo predict model=best.pt source=images/ conf=0.4",
+        ("libreyolo predict model=best.pt source=images/ conf=0.4 save=true",
+         "libreyolo predict model=best.pt source=clip.mp4 save=true save_json=true",
          "libreyolo predict model=best.pt source=bus.jpg json=true > boxes.jsonl")),
     "profile": CommandHelp(
         "profile a short training window: time per phase, a verdict and the lever to try",

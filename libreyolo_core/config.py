@@ -215,6 +215,8 @@ class TrainConfig(BaseModel):
     conf: float = Field(0.001, ge=0, le=1, description="validation score threshold")
     iou: float = Field(0.7, gt=0, le=1, description="validation NMS IoU threshold")
     max_det: int = Field(300, ge=1, le=100_000, description="detections kept per image")
+    plots: bool = Field(True, description="draw the report's curves, matrices and pictures (val/)")
+    plot_images: int = Field(16, ge=0, le=1000, description="validation images drawn with detections")
     # -- run directory and checkpoints -----------------------------------------------
     project: str = Field("runs/train", description="parent folder of run directories")
     name: str = Field("exp", description="run directory name (exp, exp2, ... unless exist_ok)")

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,6 @@ import numpy as np
 import torch
 
 from libreyolo_core.config import resolve_config
-from libreyolo_core.data.config import is_image_file
 from libreyolo_core.distributed.context import torchrun_env
 from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
@@ -271,11 +272,24 @@ class LibreYOLO:
         max_det: int = 300,
         device: str = "auto",
         workers: int = 2,
+        save: bool = True,
+        plots: bool = True,
+        plot_images: int = 16,
+        project: str | Path = "runs/val",
+        name: str = "exp",
+        exist_ok: bool = False,
+        verbose: bool = True,
     ) -> dict[str, Any]:
-        """COCO metrics of this model on a split of ``data``.
+        """COCO metrics of this model on a split of ``data``, and its validation report.
+
+        With ``save`` the report (:mod:`~libreyolo_core.eval.report`: ``report.json``,
+        ``predictions.json``, the curves, confusion matrices and ``plot_images`` pictures
+        of detections unless ``plots=False``) goes to ``project/name`` (``runs/val/exp``,
+        ``exp2``, ... unless ``exist_ok``); ``verbose`` prints its per-class table.
 
         Returns:
-            ``mAP50-95``, ``mAP50``, ``precision``, ``recall``, ``per_class_AP``.
+            ``mAP50-95``, ``mAP50``, ``precision``, ``recall``, ``per_class_AP``; with
+            ``save``, ``save_dir`` (the report's folder) too.
 
         Raises:
             DataConfigError: the yaml has no such split.
@@ -285,7 +299,7 @@ class LibreYOLO:
         from libreyolo_core.data.loader import build_dataloader
         from libreyolo_core.data.scan import scan_split
         from libreyolo_core.distributed.device import select_device
-        from libreyolo_core.eval.validate import validate
+        from libreyolo_core.eval.validate import ValPredictions, validate
 
         dc = load_data_config(data)
         if len(dc.names) != self.nc:
@@ -295,14 +309,32 @@ class LibreYOLO:
         ds = YOLODataset(report, self._inference_size(imgsz), augment=False, cache=False)
         loader = build_dataloader(ds, batch, workers, shuffle=False)
         self.model.to(dev)
+        kept = ValPredictions() if save else None
         try:
-            return validate(self.model, self.family, loader, dev, self.nc, conf=conf, iou=iou,
-                            max_det=max_det)
+            t0 = time.perf_counter()
+            metrics = validate(self.model, self.family, loader, dev, self.nc, conf=conf, iou=iou,
+                               max_det=max_det, keep=kept)
+            val_s = time.perf_counter() - t0
         finally:
             self.model.cpu().eval()
+        if kept is not None:
+            from libreyolo_core.engine.rundir import make_run_dir
+            from libreyolo_core.eval.report import format_table, write_report
+
+            out = make_run_dir(project, name, exist_ok, weights=False)
+            train_labels = None
+            if plots and dc.train:
+                train_labels = [r.labels for r in scan_split(dc, "train").records]
+            meta = {"epoch": None, "model": self.name, "imgsz": ds.imgsz, "split": split, "data": str(dc.yaml_path),
+                    "val_time_s": round(val_s, 3)}
+            report = write_report(out, kept, dict(self.names), plot_images, train_labels, meta, plots=plots)
+            if verbose:
+                print(format_table(report), flush=True)
+                print(f"report: {out} ({report['timing']['total_s']:.2f} s; validation {val_s:.2f} s)", flush=True)
+            metrics["save_dir"] = str(out)
+        return metrics
 
     # -- inference ------------------------------------------------------------------------
-    @torch.no_grad()
     def predict(
         self,
         source: Any,
@@ -311,44 +343,92 @@ class LibreYOLO:
         imgsz: int | None = None,
         max_det: int = 300,
         device: str = "auto",
-    ) -> list[Prediction]:
+        save: bool = False,
+        save_txt: bool = False,
+        save_conf: bool = False,
+        save_json: bool = False,
+        project: str | Path = "runs/predict",
+        name: str = "exp",
+        exist_ok: bool = False,
+        stream: bool = False,
+        verbose: bool = False,
+    ) -> Any:
         """Detect objects in ``source``.
 
         Args:
-            source: an image path, a folder of images, a PIL image, a numpy array
-                (H, W, 3) uint8 **RGB**, or a list of these.
+            source: an image path, a folder, a glob, a list file (``.txt``), a video file
+                (decoded frame by frame), a PIL image, a numpy array (H, W, 3) uint8
+                **RGB**, or a list of these (:mod:`~libreyolo_core.predict`).
             conf: score threshold. iou: NMS IoU threshold. max_det: cap per image.
             imgsz: inference size (default: the training size).
+            save: annotated images / videos; save_txt: YOLO label files (save_conf adds
+                the score); save_json: ``predictions.json`` (COCO results). Saved under
+                ``project/name`` (``runs/predict/exp``, ``exp2``, ... unless ``exist_ok``).
+            stream: return a generator (one :class:`Prediction` per image or frame, memory
+                flat over a long video) instead of a list.
+            verbose: a progress bar on stderr (images and frames).
 
         Returns:
-            One :class:`Prediction` per image, boxes in original-image pixels.
+            One :class:`Prediction` per image or video frame (``extra["frame"]`` for a
+            frame), boxes in original-image pixels; a list, or a generator with
+            ``stream``. With a save option each prediction's ``extra["save_dir"]`` is
+            the output folder.
 
         Raises:
             FileNotFoundError: a path that does not exist, or a folder without images.
+            SourceError: a video OpenCV cannot open.
         """
+        gen = self._predict_iter(source, conf, iou, imgsz, max_det, device,
+                                 dict(save=save, save_txt=save_txt, save_conf=save_conf, save_json=save_json),
+                                 (project, name, exist_ok), verbose)
+        return gen if stream else list(gen)
+
+    @torch.no_grad()
+    def _predict_iter(self, source: Any, conf: float, iou: float, imgsz: int | None, max_det: int,
+                      device: str, saves: dict[str, bool], where: tuple[Any, str, bool],
+                      verbose: bool) -> Any:
+        from tqdm import tqdm
+
         from libreyolo_core.data.augment import letterbox
-        from libreyolo_core.data.image import load_image
         from libreyolo_core.distributed.device import select_device
         from libreyolo_core.models.postprocess import scale_boxes
+        from libreyolo_core.predict import PredictSaver, expand_source, iter_frames, total_frames
 
+        sources = expand_source(source)
         size = self._inference_size(imgsz)
+        saver = None
+        if any(saves.values()):
+            from libreyolo_core.engine.rundir import make_run_dir
+
+            out = make_run_dir(where[0], where[1], where[2], weights=False)
+            saver = PredictSaver(out, dict(self.names), **saves)
         dev = select_device(device)
         net = self.model.to(dev).eval()
-        out = []
-        for item, path in self._sources(source):
-            img = load_image(item) if path is not None else self._as_rgb(item)
-            h0, w0 = img.shape[:2]
-            canvas, _, ratio, pad = letterbox(img, size)
-            x = torch.from_numpy(np.ascontiguousarray(canvas.transpose(2, 0, 1)))[None].to(dev)
-            pred = self.family.postprocess(net(self.family.preprocess(x)), conf=conf, iou=iou,
-                                           max_det=max_det)[0].float().cpu()
-            boxes = scale_boxes(pred[:, :4].clone(), ratio, pad, (h0, w0))
-            classes = pred[:, 5].long().numpy()
-            out.append(Prediction(boxes.numpy().astype(np.float32), pred[:, 4].numpy().astype(np.float32),
-                                  classes, [self.names.get(int(c), str(int(c))) for c in classes],
-                                  str(path) if path is not None else None, (h0, w0)))
-        self.model.cpu()
-        return out
+        bar = tqdm(total=total_frames(sources), unit="img", disable=not verbose, file=sys.stderr)
+        try:
+            for img, src, frame, fps in iter_frames(sources, self._as_rgb):
+                h0, w0 = img.shape[:2]
+                canvas, _, ratio, pad = letterbox(img, size)
+                x = torch.from_numpy(np.ascontiguousarray(canvas.transpose(2, 0, 1)))[None].to(dev)
+                pred = self.family.postprocess(net(self.family.preprocess(x)), conf=conf, iou=iou,
+                                               max_det=max_det)[0].float().cpu()
+                boxes = scale_boxes(pred[:, :4].clone(), ratio, pad, (h0, w0))
+                classes = pred[:, 5].long().numpy()
+                p = Prediction(boxes.numpy().astype(np.float32), pred[:, 4].numpy().astype(np.float32),
+                               classes, [self.names.get(int(c), str(int(c))) for c in classes],
+                               str(src.path) if src.kind != "array" else None, (h0, w0))
+                if frame is not None:
+                    p.extra["frame"] = frame
+                if saver is not None:
+                    saver.add(img, p, src, frame, fps)
+                    p.extra["save_dir"] = str(saver.out)
+                bar.update(1)
+                yield p
+        finally:
+            bar.close()
+            if saver is not None:
+                saver.close()
+            self.model.cpu()
 
     @staticmethod
     def _as_rgb(item: Any) -> np.ndarray:
@@ -360,25 +440,6 @@ class LibreYOLO:
         if arr.ndim != 3 or arr.shape[2] not in (3, 4):
             raise ValueError(f"an image array must be (H, W, 3) RGB uint8, got shape {arr.shape}")
         return np.ascontiguousarray(arr[..., :3].astype(np.uint8))
-
-    @staticmethod
-    def _sources(source: Any):
-        items = source if isinstance(source, list | tuple) else [source]
-        for item in items:
-            if isinstance(item, str | Path):
-                p = Path(item)
-                if p.is_dir():
-                    files = sorted(f for f in p.rglob("*") if f.is_file() and is_image_file(f))
-                    if not files:
-                        raise FileNotFoundError(f"no images in folder {p}")
-                    for f in files:
-                        yield f, f
-                elif p.is_file():
-                    yield p, p
-                else:
-                    raise FileNotFoundError(f"image source not found: {p}")
-            else:
-                yield item, None
 
     # -- misc -------------------------------------------------------------------------------
     def _inference_size(self, imgsz: int | None) -> int:

@@ -19,8 +19,8 @@ The shape follows detectron2's ``HookBase`` (engine/hooks.py) with YOLOX's epoch
 which a profile-only run never reaches.
 
 This module holds the hooks every rank runs (:class:`MosaicSwitchHook`,
-:class:`NonFiniteGuard`, :class:`ValidationHook`) and rank 0's :class:`CheckpointHook` and
-:class:`CallbackHook`; the progress / events hook is in :mod:`~libreyolo_core.engine.progress`,
+:class:`NonFiniteGuard`, :class:`ValidationHook`) and rank 0's :class:`CheckpointHook`,
+:class:`ReportHook` and :class:`CallbackHook`; the progress / events hook is in :mod:`~libreyolo_core.engine.progress`,
 the profiler's in :mod:`~libreyolo_core.engine.profile_hook`.
 """
 
@@ -43,15 +43,15 @@ from libreyolo_core.engine.checkpoint import lean_state, save_checkpoint
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.nonfinite import NonFiniteLossError, describe_nonfinite, grads_finite
 from libreyolo_core.engine.state import fitness
-from libreyolo_core.eval.validate import validate
+from libreyolo_core.eval.validate import ValPredictions, validate
 from libreyolo_core.records.events import ArtifactEvent, CapturedRegionChangedEvent
 
 if TYPE_CHECKING:
     from libreyolo_core.engine.trainer import Trainer
 
 __all__ = ["HookBase", "EpochMeter", "EpochOutcome", "MosaicSwitchHook",
-           "NonFiniteGuard", "ValidationHook", "CheckpointHook", "CallbackHook", "WatchdogHook",
-           "default_hooks",
+           "NonFiniteGuard", "ValidationHook", "ReportHook", "CheckpointHook", "CallbackHook",
+           "WatchdogHook", "default_hooks",
            "CALLBACK_EVENTS", "MAX_NONFINITE_STREAK"]
 
 log = logging.getLogger(__name__)
@@ -260,6 +260,8 @@ class ValidationHook(HookBase):
 
     def __init__(self) -> None:
         self.since_best = 0  # validated epochs since the best one
+        self.last_pass: ValPredictions | None = None  # the latest validation (the report's input)
+        self.last_epoch = 0
 
     def after_epoch(self) -> None:
         t, cfg, st, out = self.trainer, self.trainer.cfg, self.trainer.state, self.trainer.outcome
@@ -303,8 +305,59 @@ class ValidationHook(HookBase):
             if dog is not None:  # a validation batch is a sign of life
                 dog.alive()
 
-        return validate(net, t.family, parts.val_loader, t.device, t.nc, conf=t.cfg.conf, iou=t.cfg.iou,
-                        max_det=t.cfg.max_det, amp=parts.amp, on_batch=on_batch)
+        kept = ValPredictions()
+        metrics = validate(net, t.family, parts.val_loader, t.device, t.nc, conf=t.cfg.conf, iou=t.cfg.iou,
+                           max_det=t.cfg.max_det, amp=parts.amp, on_batch=on_batch, keep=kept)
+        self.last_pass, self.last_epoch = kept, t.state.epoch + 1
+        return metrics
+
+
+class ReportHook(HookBase):
+    """Rank 0, at the end of a run that finished: the validation report of the last
+    validated epoch under ``<run_dir>/val/`` (:func:`~libreyolo_core.eval.report.write_report`;
+    pictures unless ``plots=False``), its table printed, one ``artifact`` event per file.
+    It reuses that epoch's predictions: no extra validation pass."""
+
+    def __init__(self, validation: ValidationHook) -> None:
+        self.validation = validation
+
+    def after_train(self) -> None:
+        t, vh = self.trainer, self.validation
+        if t.status not in ("succeeded", "early_stopped") or vh.last_pass is None:
+            return
+        from libreyolo_core.eval.report import format_table, write_report
+
+        labels = None
+        if t.cfg.plots and getattr(t.parts, "train_set", None) is not None:
+            labels = [r.labels for r in t.parts.train_set.records]
+        meta = {"epoch": vh.last_epoch, "model": f"{t.family.name}-{t.size}", "imgsz": t.cfg.imgsz,
+                "split": "val", "data": str(t.cfg.data), "val_time_s": round(t.state.val_s[-1], 3)
+                if t.state.val_s else None}
+        try:
+            report = write_report(t.run_dir / "val", vh.last_pass, dict(t.names or {}), t.cfg.plot_images,
+                                  labels, meta, plots=t.cfg.plots)
+        except Exception as exc:  # noqa: BLE001 - a failed report never fails a finished run
+            log.warning("validation report not written: %s: %s", type(exc).__name__, exc)
+            return
+        print(f"validation report (epoch {vh.last_epoch}), {t.run_dir / 'val'}:\n{format_table(report)}", flush=True)
+        print(f"report: {report['timing']['total_s']:.2f} s (the validation pass took "
+              f"{meta['val_time_s']} s)", flush=True)
+        for rel in _report_files(report):
+            t.events.write(ArtifactEvent(path=f"val/{rel}", kind=_report_kind(rel)))
+
+
+def _report_files(report: dict[str, Any]) -> list[str]:
+    """The files of a written report, relative to ``val/``."""
+    return list(report["files"].values()) + [img["file"] for img in report["images"]]
+
+
+def _report_kind(rel: str) -> str:
+    """The artifact kind of a report file: report, predictions, plot or detections."""
+    if rel.startswith("detections/"):
+        return "detections"
+    if rel.endswith(".png"):
+        return "plot"
+    return "predictions" if rel in ("predictions.json", "ground_truth.json") else "report"
 
 
 class CheckpointHook(HookBase):
@@ -422,9 +475,10 @@ def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], No
     hooks: list[HookBase] = [WatchdogHook(), MosaicSwitchHook()]  # first: sees every step
     if main and cfg.profile and not trainer.dist.enabled:
         hooks.append(ProfilerHook())
-    hooks.append(ValidationHook())
+    validation = ValidationHook()
+    hooks.append(validation)
     if main:
-        hooks += [CheckpointHook(), ProgressHook()]
+        hooks += [CheckpointHook(), ReportHook(validation), ProgressHook()]
     hooks.append(NonFiniteGuard())
     if main:
         hooks.append(CallbackHook(callbacks))

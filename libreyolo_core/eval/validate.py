@@ -4,6 +4,7 @@ images, then COCO metrics (:mod:`libreyolo_core.eval.coco`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,7 +13,23 @@ from torch import nn
 from libreyolo_core.eval.coco import ImageDetections, ImageTargets, coco_metrics
 from libreyolo_core.models.postprocess import scale_boxes
 
-__all__ = ["validate"]
+__all__ = ["validate", "ValPredictions"]
+
+
+@dataclass
+class ValPredictions:
+    """What one validation pass saw, in original-image pixels (the report's input).
+
+    Attributes:
+        detections / targets: one entry per image, loader order.
+        paths: the image files, same order.
+        metrics: the ``coco_metrics(..., detail=True)`` output of the pass.
+    """
+
+    detections: list[ImageDetections] = field(default_factory=list)
+    targets: list[ImageTargets] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -27,6 +44,7 @@ def validate(
     max_det: int = 300,
     amp=None,
     on_batch: Callable[[int, int], None] | None = None,
+    keep: ValPredictions | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``net`` on every batch of ``loader`` (no augmentation).
 
@@ -41,6 +59,8 @@ def validate(
         amp: an ``AmpPolicy`` whose autocast wraps the forward pass (optional).
         on_batch: called as ``on_batch(k, n)`` after batch ``k`` of ``n`` (1-based), for
             progress reports.
+        keep: when given, filled with the pass's predictions, targets, image paths and
+            detailed metrics (for :mod:`~libreyolo_core.eval.report`).
 
     Returns:
         ``coco_metrics`` output: ``mAP50-95``, ``mAP50``, ``precision``, ``recall``,
@@ -49,6 +69,7 @@ def validate(
     net.eval()
     detections: list[ImageDetections] = []
     targets: list[ImageTargets] = []
+    paths: list[str] = []
     n = len(loader)
     for k, batch in enumerate(loader, 1):
         imgs = family.preprocess(batch.images.to(device, non_blocking=True))
@@ -67,6 +88,13 @@ def validate(
             rows = tgt[tgt[:, 0] == j]
             gt = scale_boxes(rows[:, 2:6].clone().float(), meta["ratio"], meta["pad"], (h0, w0))
             targets.append(ImageTargets(gt, rows[:, 1].long(), int(w0), int(h0)))
+            paths.append(str(meta.get("path", "")))
         if on_batch is not None:
             on_batch(k, n)
-    return coco_metrics(detections, targets, nc, max_det=min(max_det, 100))
+    if keep is None:
+        return coco_metrics(detections, targets, nc, max_det=min(max_det, 100))
+    as_np = [ImageDetections(d.boxes.numpy(), d.scores.numpy(), d.classes.numpy()) for d in detections]
+    tg_np = [ImageTargets(t.boxes.numpy(), t.classes.numpy(), t.width, t.height) for t in targets]
+    metrics = coco_metrics(as_np, tg_np, nc, max_det=min(max_det, 100), detail=True)
+    keep.detections, keep.targets, keep.paths, keep.metrics = as_np, tg_np, paths, metrics
+    return {k: v for k, v in metrics.items() if k != "detail"}

@@ -16,7 +16,7 @@ from service.api.problems import Problem
 from service.api.schemas import ArtifactPublic, ArtifactsList
 from service.db.models import Artifact, utcnow
 
-__all__ = ["router", "TIMELINE_CSP"]
+__all__ = ["router", "TIMELINE_CSP", "IMAGE_TYPES"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -27,6 +27,9 @@ TIMELINE_CSP = (
     "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; "
     "base-uri 'none'; frame-ancestors 'self'; sandbox allow-scripts"
 )
+
+#: Raster pictures served inline under their own type (never SVG: it can hold scripts).
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 
 
 @router.get("/{job_id}/artifacts", response_model=ArtifactsList, operation_id="jobs-artifacts",
@@ -57,7 +60,8 @@ def list_artifacts(job: OwnedJob, session: SessionDep, store: StoreDep) -> Artif
 
 @router.api_route(
     "/{job_id}/artifacts/{path:path}", methods=["GET", "HEAD"], operation_id="jobs-artifact-download",
-    responses={**OWNED_JOB_ERRORS, 200: {"content": {"application/octet-stream": {}}},
+    responses={**OWNED_JOB_ERRORS, 200: {"content": {"application/octet-stream": {}, "image/png": {},
+                                                     "image/jpeg": {}, "application/json": {}}},
                206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
 )
 def download_artifact(
@@ -72,8 +76,9 @@ def download_artifact(
     ``last.pt``) is hashed again and its record updated. ``If-None-Match`` gives 304 only
     for the current ETag; ``Range`` gives 206, unless ``If-Range`` carries another
     validator (then the whole file, 200). ``timeline.html`` is served inline as HTML under
-    a Content-Security-Policy that blocks all network access; every other file is an
-    attachment. See :mod:`service.api.files`.
+    a Content-Security-Policy that blocks all network access; PNG and JPEG pictures (the
+    validation report's) inline with their image type; JSON as ``application/json``
+    attachments; every other file is an attachment. See :mod:`service.api.files`.
 
     Raises:
         404: no such file, or the path leaves the run directory (``..``, absolute, symlink).
@@ -87,6 +92,11 @@ def download_artifact(
     if file.name == "timeline.html":
         return serve_file(file, digest, if_none_match, media_type="text/html; charset=utf-8",
                           disposition="inline", headers={"Content-Security-Policy": TIMELINE_CSP})
+    picture = IMAGE_TYPES.get(file.suffix.lower())
+    if picture is not None:  # the report's plots and pictures, shown by the job page
+        return serve_file(file, digest, if_none_match, media_type=picture, disposition="inline")
+    if file.suffix.lower() == ".json":
+        return serve_file(file, digest, if_none_match, media_type="application/json")
     return serve_file(file, digest, if_none_match)
 
 

@@ -45,6 +45,14 @@ def _train_profile_and_check(stack, data: Path, image: Path, tmp_path: Path,
         best = job.download("weights/best.pt", tmp_path)
         sha = {a.path: a.sha256 for a in job.artifacts()}["weights/best.pt"]
         assert hashlib.sha256(best.read_bytes()).hexdigest() == sha
+        # the validation report: its files are artifacts (kinds from the engine), typed by the SDK
+        kinds = {a.path: a.kind for a in job.artifacts()}
+        assert kinds["val/report.json"] == "report" and kinds["val/PR_curve.png"] == "plot"
+        assert kinds["val/predictions.json"] == "predictions"
+        assert any(k == "detections" for k in kinds.values())
+        report = job.report()
+        assert report.table[0].name == "all" and len(report.pr_curve["recall"]) == 101
+        assert report.epoch == params["epochs"]
 
         from libreyolo_core import LibreYOLO
 

@@ -107,7 +107,7 @@ def test_train_help_shows_the_schema_defaults_and_ignores_help_as_a_value(capsys
 
 def test_help_through_the_console_script():
     out = libreyolo("predict", "--help")
-    assert out.returncode == 0 and "no images are saved" in out.stdout
+    assert out.returncode == 0 and "save annotated images or video" in out.stdout
 
 
 def test_the_installed_libreyolo_command_is_ours():

@@ -27,6 +27,7 @@ from libreyolo_core.engine.hooks import (
     HookBase,
     MosaicSwitchHook,
     NonFiniteGuard,
+    ReportHook,
     ValidationHook,
     WatchdogHook,
     default_hooks,
@@ -45,12 +46,12 @@ def _fake_trainer(rank: int, world_size: int, profile: bool) -> types.SimpleName
 
 @pytest.mark.parametrize("rank, world_size, profile, expected", [
     # the hang watchdog first on every rank: it sees every step (a hook may end the epoch)
-    (0, 1, False, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
-                   CallbackHook]),
-    (0, 1, True, [WatchdogHook, MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ProgressHook,
+    (0, 1, False, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ReportHook, ProgressHook,
+                   NonFiniteGuard, CallbackHook]),
+    (0, 1, True, [WatchdogHook, MosaicSwitchHook, ProfilerHook, ValidationHook, CheckpointHook, ReportHook,
+                  ProgressHook, NonFiniteGuard, CallbackHook]),
+    (0, 2, True, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ReportHook, ProgressHook,
                   NonFiniteGuard, CallbackHook]),
-    (0, 2, True, [WatchdogHook, MosaicSwitchHook, ValidationHook, CheckpointHook, ProgressHook, NonFiniteGuard,
-                  CallbackHook]),
     (1, 2, False, [WatchdogHook, MosaicSwitchHook, ValidationHook, NonFiniteGuard]),
 ], ids=["single", "profiled", "ddp-rank0", "ddp-rank1"])
 def test_default_hooks_decide_rank_0_once(rank, world_size, profile, expected):
