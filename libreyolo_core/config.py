@@ -109,6 +109,10 @@ class AugmentConfig(BaseModel):
     perspective: float = Field(0.0, ge=0, le=0.001, description="random perspective")
     flipud: float = Field(0.0, ge=0, le=1, description="vertical flip probability")
     fliplr: float = Field(0.5, ge=0, le=1, description="horizontal flip probability")
+    mosaic_buffer: int = Field(0, ge=0, le=100_000, description="draw 3 of a mosaic's 4 tiles "
+                               "from the last N images each loader worker loaded (Ultralytics' "
+                               "buffer; ~1 decode per mosaic, samples then depend on worker count "
+                               "and load order, docs/performance.md); 0 = off, from the whole set")
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -187,6 +191,7 @@ class TrainConfig(BaseModel):
     perspective: float = _augment("perspective")
     flipud: float = _augment("flipud")
     fliplr: float = _augment("fliplr")
+    mosaic_buffer: int = _augment("mosaic_buffer")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
     no_aug_epochs: int = Field(15, ge=0, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
