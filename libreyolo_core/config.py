@@ -154,7 +154,8 @@ class TrainConfig(BaseModel):
     batch: int = Field(16, ge=-1, description="GLOBAL batch size (all ranks); -1 = autobatch")
     imgsz: int = Field(640, ge=32, le=8192, description="square input size, pixels, multiple of 32")
     device: str = Field("auto", description="'auto', 'cpu', 'mps', '0', '0,1', 'cuda:0'")
-    workers: int = Field(4, ge=0, le=64, description="data-loader worker processes per rank")
+    workers: int = Field(-1, ge=-1, le=64, description="data-loader worker processes per rank; "
+                         "-1 = auto: usable CPUs (affinity) / ranks on the machine, less 1, at most 8")
     seed: int = Field(0, ge=0, description="seed of shuffling and augmentation")
     # -- optimizer and LR ------------------------------------------------------------
     optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="optimizer")
