@@ -30,7 +30,6 @@ import os
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +44,10 @@ from libreyolo_core.data import augment as A
 from libreyolo_core.data.image import (
     load_image_fast as load_image,  # Pillow-exact, OpenCV for JPEGs
 )
+from libreyolo_core.data.image_cache import SharedImageCache, estimate_cache
 from libreyolo_core.data.report import DatasetWarning, ImageRecord, ScanReport
 from libreyolo_core.data.scan_cache import writable_dir
+from libreyolo_core.data.workers import local_ranks, usable_cpus
 
 __all__ = ["MosaicBuffer", "YOLODataset"]
 
@@ -121,10 +122,13 @@ class YOLODataset(Dataset):
         aug: the augmentation recipe (:class:`~libreyolo_core.config.AugmentConfig`, already
             validated; a training run passes ``cfg.augment``); ``None`` takes its defaults.
             Unused when ``augment`` is False.
-        cache: ``False``; ``"ram"`` (images decoded and resized once at construction, kept in
-            this process — forked loader workers share them copy-on-write); ``"disk"``
-            (``<image>.<S>.npy`` next to each image, written on first use, reused while newer
-            than the image; a read-only folder disables it with one warning).
+        cache: ``False``; ``"ram"`` (images decoded and resized once at construction into
+            one shared memory block, :class:`~libreyolo_core.data.image_cache.SharedImageCache`,
+            that loader workers read without copying); ``"disk"`` (``<image>.<S>.npy`` next
+            to each image, written on first use, reused while newer than the image). The
+            memory or disk needed is estimated and logged first; a RAM cache that does not
+            fit falls back to disk, a disk cache that does not fit (or a read-only folder)
+            is disabled, each with one warning.
         seed, rank: part of every sample's random seed (see module docstring).
 
     Raises:
@@ -160,13 +164,13 @@ class YOLODataset(Dataset):
         # [epoch, mosaic_closed]; shared memory so persistent workers see updates.
         self._state = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.cache = _parse_cache(cache)
-        self._ram: list[np.ndarray] | None = None
+        self._ram: SharedImageCache | None = None
         buffer = min(int(getattr(self.aug, "mosaic_buffer", 0)), len(self.records))
         self._buffer = MosaicBuffer(buffer) if self.augment and buffer > 0 else None
-        if self.cache == "disk" and not self._disk_writable():
-            self.cache = False
         if self.cache == "ram":
             self._fill_ram_cache()
+        if self.cache == "disk":
+            self._check_disk_cache()
 
     # ------------------------------------------------------------------ state
     def set_epoch(self, epoch: int) -> None:
@@ -268,27 +272,43 @@ class YOLODataset(Dataset):
             tmp.unlink(missing_ok=True)
         return img
 
-    def _fill_ram_cache(self) -> None:
-        need = sum(h * w * 3 for h, w in map(self._target_hw, range(len(self))))
-        try:
-            import psutil
+    def _shapes(self) -> list[tuple[int, int]]:
+        return [self._target_hw(i) for i in range(len(self))]
 
-            avail = psutil.virtual_memory().available
-        except Exception:  # psutil missing or unsupported platform: trust the user
-            avail = None
-        if avail is not None and need > 0.5 * avail:
-            warnings.warn(
-                f"RAM image cache needs {need / 2**30:.1f} GiB but only "
-                f"{avail / 2**30:.1f} GiB are available; caching disabled",
-                DatasetWarning,
-                stacklevel=3,
-            )
+    def _check_disk_cache(self) -> None:
+        """Refuse ``cache=disk`` (one warning, images decoded every time) where a folder is
+        read-only or the estimate does not fit the free space; else log the estimate."""
+        if not self._disk_writable():
             self.cache = False
             return
-        n_threads = min(8, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=n_threads) as pool:
-            self._ram = list(pool.map(self._decode_resized, range(len(self))))
-        logger.info("cached %d images in RAM (%.2f GiB)", len(self), need / 2**30)
+        est = estimate_cache("disk", self._shapes(), self.imgsz, folder=self.records[0].im_file.parent)
+        if not est.fits:
+            warnings.warn(f"{est.describe()}: it does not fit; disk image cache disabled, images "
+                          "will be decoded every time", DatasetWarning, stacklevel=4)
+            self.cache = False
+            return
+        logger.info(est.describe())
+
+    def _fill_ram_cache(self) -> None:
+        """Estimate, say, then decode every image once into shared memory; fall back to
+        ``cache=disk`` (or no cache) with one warning when the estimate does not fit."""
+        shapes = self._shapes()
+        est = estimate_cache("ram", shapes, self.imgsz, copies=local_ranks())
+        if not est.fits:
+            folder = self.records[0].im_file.parent
+            disk = estimate_cache("disk", shapes, self.imgsz, folder=folder)
+            to_disk = disk.fits and all(writable_dir(Path(d)) for d in
+                                        {str(r.im_file.parent) for r in self.records})
+            then = ("falling back to cache=disk (.npy files next to the images)" if to_disk
+                    else "caching disabled, images will be decoded every time")
+            warnings.warn(f"{est.describe()}: it does not fit; {then}", DatasetWarning, stacklevel=4)
+            self.cache = "disk" if to_disk else False
+            return
+        logger.info(est.describe())
+        cache = SharedImageCache(shapes)
+        cache.fill(self._decode_resized, threads=usable_cpus())
+        self._ram = cache
+        logger.info("cached %d images in shared memory (%.2f GiB)", len(self), cache.nbytes / 2**30)
 
     # ------------------------------------------------------------------ samples
     def _letterboxed(self, i: int) -> tuple[np.ndarray, np.ndarray]:
