@@ -12,8 +12,9 @@ Ultralytics: ``default.yaml``), no image cache, loader workers 0 and ONE thread
 (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``, ``cv2.setNumThreads(1)``), so the
 figure is the cost per core. Each measurement is a fresh process: build the dataset and
 loader (not timed), load 1 warm-up batch, time ``--batches`` batches. The settings are
-alternated ``--rounds`` times (ours, ours+buffer, Ultralytics, ours, ...) and the median
-of the rounds is reported, so a change of the machine's load hits every side alike. The
+alternated ``--rounds`` times (ours, ours+buffer, Ultralytics, ours, ...); the rates are
+the medians of the rounds and each ratio is the median (and range) of the per-round ratios
+of neighbouring measurements, so a change of the machine's load hits every side alike. The
 1-minute load average at the start and the end is part of the line.
 
 Sets, made in a temporary folder from coco128 (``$COCO128`` or ../shared/datasets/coco128):
@@ -157,7 +158,7 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--batches", type=int, default=8, help="timed batches per measurement")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
 
     src = Path(os.environ.get("COCO128", HERE.parent.parent / "shared" / "datasets" / "coco128"))
@@ -195,9 +196,16 @@ def main() -> None:
         med = {k: statistics.median(v) for (s, k), v in rates.items() if s == name}
         text = f"{name} ours {med['ours']:.1f} img/s, ours+buffer {med['ours+buffer']:.1f}"
         if "ultralytics" in med:
-            u = med["ultralytics"]
-            text += (f", ultralytics {u:.1f} img/s -> {med['ours'] / u:.2f}x, "
-                     f"{med['ours+buffer'] / u:.2f}x with buffer")
+            # the ratio of each round's neighbouring measurements, then their median: a load
+            # change between rounds cancels out
+            u = rates[(name, "ultralytics")]
+
+            def ratio(label: str, u: list[float] = u, name: str = name) -> str:
+                r = [o / t for o, t in zip(rates[(name, label)], u, strict=True)]
+                return f"{statistics.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]"
+
+            text += (f", ultralytics {med['ultralytics']:.1f} img/s -> {ratio('ours')}, "
+                     f"{ratio('ours+buffer')} with buffer")
         parts.append(text)
     head = (f"loader_vs_ultralytics imgsz={a.imgsz} batch={a.batch} rounds={a.rounds} "
             f"load={load0:.1f}-{os.getloadavg()[0]:.1f}")

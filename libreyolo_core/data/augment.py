@@ -446,13 +446,14 @@ def apply_hsv(img: np.ndarray, dh: int, ds: int, dv: int) -> np.ndarray:
     through OpenCV's HSV with lookup tables; ``img`` itself when all shifts are 0."""
     if dh == 0 and ds == 0 and dv == 0:
         return img
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     x = np.arange(256, dtype=np.int16)
-    lut_h = ((x + dh) % 180).astype(np.uint8)
-    lut_s = np.clip(x + ds, 0, 255).astype(np.uint8)
-    lut_v = np.clip(x + dv, 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: no split/merge copies
+    lut[:, 0, 0] = (x + dh) % 180
+    lut[:, 0, 1] = np.clip(x + ds, 0, 255)
+    lut[:, 0, 2] = np.clip(x + dv, 0, 255)
+    hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
+    cv2.LUT(hsv, lut, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
 
 
 def fliplr(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -73,6 +73,26 @@ def _old_letterbox(ds: YOLODataset, i: int) -> tuple[np.ndarray, np.ndarray]:
     return img, lab
 
 
+def _old_hsv(img: np.ndarray, dh: int, ds: int, dv: int) -> np.ndarray:
+    """1.6.0's HSV pixels: split, three lookup tables, merge."""
+    if dh == 0 and ds == 0 and dv == 0:
+        return img
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
+    x = np.arange(256, dtype=np.int16)
+    lut_h = ((x + dh) % 180).astype(np.uint8)
+    lut_s = np.clip(x + ds, 0, 255).astype(np.uint8)
+    lut_v = np.clip(x + dv, 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def test_hsv_one_table_equals_three(report) -> None:
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    for d in [(0, 0, 5), (7, -20, 0), (-5, 30, -30), (179, 255, 255)]:
+        np.testing.assert_array_equal(A.apply_hsv(img.copy(), *d), _old_hsv(img, *d))
+
+
 def reference_sample(ds: YOLODataset, i: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
     """Sample ``i`` of ``epoch`` as LibreYOLO 1.6.0's ``YOLODataset._augmented`` made it:
     ``(image (S, S, 3) uint8 RGB, labels (n, 5))``."""
@@ -85,7 +105,7 @@ def reference_sample(ds: YOLODataset, i: int, epoch: int) -> tuple[np.ndarray, n
         img2, lab2 = _old_mosaic(ds, j, rng) if use_mosaic else _old_letterbox(ds, j)
         img, lab = A.mixup(img, lab, img2, lab2, rng)
     if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
-        img = A.augment_hsv(img, rng, h.hsv_h, h.hsv_s, h.hsv_v)
+        img = _old_hsv(img, *A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v))
     if h.flipud > 0 and rng.random() < h.flipud:
         img, lab = A.flipud(img, lab)
     if h.fliplr > 0 and rng.random() < h.fliplr:
