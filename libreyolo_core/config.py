@@ -109,6 +109,10 @@ class AugmentConfig(BaseModel):
     perspective: float = Field(0.0, ge=0, le=0.001, description="random perspective")
     flipud: float = Field(0.0, ge=0, le=1, description="vertical flip probability")
     fliplr: float = Field(0.5, ge=0, le=1, description="horizontal flip probability")
+    mosaic_buffer: int = Field(0, ge=0, le=100_000, description="draw 3 of a mosaic's 4 tiles "
+                               "from the last N images each loader worker loaded (Ultralytics' "
+                               "buffer; ~1 decode per mosaic, samples then depend on worker count "
+                               "and load order, docs/performance.md); 0 = off, from the whole set")
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -150,7 +154,8 @@ class TrainConfig(BaseModel):
     batch: int = Field(16, ge=-1, le=65_536, description="GLOBAL batch size (all ranks); -1 = autobatch")
     imgsz: int = Field(640, ge=32, le=8192, description="square input size, pixels, multiple of 32")
     device: str = Field("auto", description="'auto', 'cpu', 'mps', '0', '0,1', 'cuda:0'")
-    workers: int = Field(4, ge=0, le=64, description="data-loader worker processes per rank")
+    workers: int = Field(-1, ge=-1, le=64, description="data-loader worker processes per rank; "
+                         "-1 = auto: usable CPUs (affinity) / ranks on the machine, less 1, at most 8")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of shuffling and augmentation")
     # -- optimizer and LR ------------------------------------------------------------
     optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="optimizer")
@@ -187,6 +192,7 @@ class TrainConfig(BaseModel):
     perspective: float = _augment("perspective")
     flipud: float = _augment("flipud")
     fliplr: float = _augment("fliplr")
+    mosaic_buffer: int = _augment("mosaic_buffer")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
     no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")

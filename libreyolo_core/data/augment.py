@@ -21,15 +21,26 @@ import numpy as np
 
 __all__ = [
     "PAD_VALUE",
+    "affine_matrix",
+    "apply_hsv",
     "augment_hsv",
+    "blend",
     "box_candidates",
+    "flip_matrix",
     "fliplr",
     "flipud",
+    "hsv_deltas",
     "letterbox",
     "mixup",
     "mosaic4",
+    "mosaic_centre",
+    "mosaic_crop",
+    "mosaic_labels",
+    "mosaic_rects",
     "random_affine",
     "resize_longest",
+    "warp_boxes",
+    "warp_mosaic",
 ]
 
 #: Grey used for padding and empty canvas areas (YOLO convention).
@@ -124,10 +135,34 @@ def mosaic4(
         raise ValueError(f"mosaic4 needs 4 images and 4 label arrays, got {len(images)}")
     s = size
     canvas = np.full((2 * s, 2 * s, 3), pad_value, dtype=np.uint8)
-    xc, yc = (int(v) for v in rng.uniform(0.5 * s, 1.5 * s, size=2))
+    rects = mosaic_rects([im.shape[:2] for im in images], s, mosaic_centre(rng, s))
+    for img, (x1a, y1a, x2a, y2a, x1b, y1b) in zip(images, rects, strict=True):
+        canvas[y1a:y2a, x1a:x2a] = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
+    return canvas, mosaic_labels(labels, rects)
+
+
+def mosaic_centre(rng: np.random.Generator, size: int) -> tuple[int, int]:
+    """The mosaic centre ``(xc, yc)``, uniform in ``[0.5 S, 1.5 S)`` (integer pixels); the
+    one draw :func:`mosaic4` makes."""
+    xc, yc = (int(v) for v in rng.uniform(0.5 * size, 1.5 * size, size=2))
+    return xc, yc
+
+
+Rect = tuple[int, int, int, int, int, int]
+
+
+def mosaic_rects(
+    shapes: list[tuple[int, int]], size: int, centre: tuple[int, int]
+) -> list[Rect]:
+    """Where each of four tiles of ``shapes`` ``[(h, w), ...]`` lands on the ``2S`` canvas.
+
+    Returns ``[(x1a, y1a, x2a, y2a, x1b, y1b), ...]``: the canvas rectangle (end exclusive)
+    and the top-left of the part of the tile shown there (see :func:`mosaic4`). Needs no
+    pixels, so a caller can decide which tiles are seen before decoding them.
+    """
+    s, (xc, yc) = size, centre
     out = []
-    for i, (img, lab) in enumerate(zip(images, labels, strict=True)):
-        h, w = img.shape[:2]
+    for i, (h, w) in enumerate(shapes):
         if i == 0:  # top-left
             x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
             x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
@@ -140,14 +175,93 @@ def mosaic4(
         else:  # bottom-right
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
             x1b, y1b = 0, 0
-        canvas[y1a:y2a, x1a:x2a] = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
+        out.append((x1a, y1a, x2a, y2a, x1b, y1b))
+    return out
+
+
+def mosaic_labels(labels: list[np.ndarray], rects: list[Rect]) -> np.ndarray:
+    """The four tiles' boxes in canvas pixels: shifted, clipped to the visible part of their
+    tile, boxes with no area left dropped (``(n, 5)`` float32)."""
+    out = []
+    for lab, (x1a, y1a, x2a, y2a, x1b, y1b) in zip(labels, rects, strict=True):
         if len(lab):
             lab = lab.astype(np.float32, copy=True)
             lab[:, [1, 3]] = np.clip(lab[:, [1, 3]] + (x1a - x1b), x1a, x2a)
             lab[:, [2, 4]] = np.clip(lab[:, [2, 4]] + (y1a - y1b), y1a, y2a)
             keep = (lab[:, 3] > lab[:, 1]) & (lab[:, 4] > lab[:, 2])
             out.append(lab[keep])
-    return canvas, (np.concatenate(out, 0) if out else _empty_labels())
+    return np.concatenate(out, 0) if out else _empty_labels()
+
+
+def mosaic_crop(
+    rects: list[Rect], m: np.ndarray, size: int, out_size: int, perspective: float = 0.0
+) -> tuple[tuple[int, int, int, int], list[bool]]:
+    """The part of the ``2S`` mosaic canvas that warping with ``m`` can read, and which
+    tiles touch it.
+
+    The output's pixel centres ``[0, out_size - 1]^2`` are mapped back through ``m``; their
+    bounding box, widened by 2 px for bilinear interpolation and cv2's 1/32-px coordinate
+    rounding, is the only part of the canvas any output pixel samples. A tile outside it is
+    never seen, so it need not be decoded (its boxes still go through :func:`warp_boxes`,
+    which drops them). A perspective warp reads the whole canvas (its inverse can pass
+    through infinity); so does a singular ``m``.
+
+    Returns:
+        ``((x0, y0, x1, y1), needed)``: the canvas crop (end exclusive, possibly empty) and
+        one flag per tile.
+    """
+    full = (0, 0, 2 * size, 2 * size)
+    box = full
+    if not perspective:
+        try:
+            mi = np.linalg.inv(m)
+        except np.linalg.LinAlgError:
+            mi = None
+        if mi is not None:
+            e = out_size - 1
+            q = mi @ np.array([[0, e, 0, e], [0, 0, e, e], [1, 1, 1, 1]], np.float64)
+            lo, hi = q[:2].min(1), q[:2].max(1)
+            box = (max(0, math.floor(lo[0]) - 2), max(0, math.floor(lo[1]) - 2),
+                   min(2 * size, math.ceil(hi[0]) + 3), min(2 * size, math.ceil(hi[1]) + 3))
+    x0, y0, x1, y1 = box
+    needed = [x1a < x1 and x2a > x0 and y1a < y1 and y2a > y0 and x2a > x1a and y2a > y1a
+              for x1a, y1a, x2a, y2a, _, _ in rects]
+    return box, needed
+
+
+def warp_mosaic(
+    images: list[np.ndarray | None],
+    rects: list[Rect],
+    crop: tuple[int, int, int, int],
+    m: np.ndarray,
+    out_size: int,
+    perspective: float = 0.0,
+    pad_value: int = PAD_VALUE,
+) -> np.ndarray:
+    """:func:`mosaic4` then the warp of :func:`random_affine` with matrix ``m``, building only
+    the ``crop`` of the canvas (from :func:`mosaic_crop`) that the warp reads.
+
+    Pixel for pixel the same as warping the whole canvas: the crop holds every canvas pixel
+    an output pixel samples, and the matrix is moved to the crop's origin. ``images[k]``
+    may be ``None`` for a tile :func:`mosaic_crop` did not flag as needed.
+
+    Returns:
+        ``(out_size, out_size, 3)`` uint8.
+    """
+    x0, y0, x1, y1 = crop
+    cw, ch = max(x1 - x0, 1), max(y1 - y0, 1)
+    canvas = np.full((ch, cw, 3), pad_value, dtype=np.uint8)
+    for img, (x1a, y1a, x2a, y2a, x1b, y1b) in zip(images, rects, strict=True):
+        ax1, ay1, ax2, ay2 = max(x1a, x0), max(y1a, y0), min(x2a, x1), min(y2a, y1)
+        if ax2 <= ax1 or ay2 <= ay1:
+            continue
+        if img is None:
+            raise ValueError("warp_mosaic: a tile inside the crop was not given")
+        bx, by = x1b + ax1 - x1a, y1b + ay1 - y1a
+        canvas[ay1 - y0 : ay2 - y0, ax1 - x0 : ax2 - x0] = img[by : by + ay2 - ay1, bx : bx + ax2 - ax1]
+    shift = np.eye(3)
+    shift[0, 2], shift[1, 2] = x0, y0
+    return _warp(canvas, m @ shift, out_size, perspective, pad_value)
 
 
 def box_candidates(
@@ -211,6 +325,24 @@ def random_affine(
         ``(out (S, S, 3) uint8, labels (m, 5) float32 in output pixels)``, ``m <= n``.
     """
     h, w = img.shape[:2]
+    m, s = affine_matrix(rng, w, h, out_size, degrees, translate, scale, shear, perspective)
+    out = _warp(img, m, out_size, perspective, pad_value)
+    return out, warp_boxes(labels, m, s, out_size, perspective)
+
+
+def affine_matrix(
+    rng: np.random.Generator,
+    w: int,
+    h: int,
+    out_size: int,
+    degrees: float = 0.0,
+    translate: float = 0.0,
+    scale: tuple[float, float] = (1.0, 1.0),
+    shear: float = 0.0,
+    perspective: float = 0.0,
+) -> tuple[np.ndarray, float]:
+    """The random matrix of :func:`random_affine` for a ``w x h`` input (its draws, in its
+    order): ``(M (3, 3) float64 in cv2 pixel-index coordinates, scale s)``."""
     c = np.eye(3)
     c[0, 2], c[1, 2] = -w / 2, -h / 2
     p = np.eye(3)
@@ -223,16 +355,37 @@ def random_affine(
     sh[0, 1], sh[1, 0] = (math.tan(math.radians(a)) for a in rng.uniform(-shear, shear, size=2))
     t = np.eye(3)
     t[0, 2], t[1, 2] = rng.uniform(0.5 - translate, 0.5 + translate, size=2) * out_size
-    m = t @ sh @ r @ p @ c
+    return t @ sh @ r @ p @ c, float(s)
 
+
+def flip_matrix(out_size: int, lr: bool, ud: bool) -> np.ndarray:
+    """The ``(3, 3)`` pixel-index matrix of a left-right and/or top-bottom mirror of an
+    ``out_size`` square (``u -> out_size - 1 - u``). ``flip_matrix(S, lr, ud) @ M`` warps
+    and mirrors in one pass, pixel for pixel what :func:`fliplr`/:func:`flipud` give after
+    the warp; :func:`warp_boxes` mirrors boxes exactly (``x -> S - x``)."""
+    f = np.eye(3)
+    if lr:
+        f[0, 0], f[0, 2] = -1.0, out_size - 1
+    if ud:
+        f[1, 1], f[1, 2] = -1.0, out_size - 1
+    return f
+
+
+def _warp(img: np.ndarray, m: np.ndarray, out_size: int, perspective: float, pad_value: int) -> np.ndarray:
     border = (pad_value, pad_value, pad_value)
     if perspective:
-        out = cv2.warpPerspective(img, m, dsize=(out_size, out_size), borderValue=border)
-    else:
-        out = cv2.warpAffine(img, m[:2], dsize=(out_size, out_size), borderValue=border)
-    if len(labels) == 0:
-        return out, _empty_labels()
+        return cv2.warpPerspective(img, m, dsize=(out_size, out_size), borderValue=border)
+    return cv2.warpAffine(img, m[:2], dsize=(out_size, out_size), borderValue=border)
 
+
+def warp_boxes(
+    labels: np.ndarray, m: np.ndarray, s: float, out_size: int, perspective: float = 0.0
+) -> np.ndarray:
+    """Boxes through the warp ``m`` (:func:`random_affine`'s box rule): each box becomes the
+    bounding box of its four transformed corners, clipped to the output, then filtered by
+    :func:`box_candidates` against the box scaled by ``s``. Returns ``(m, 5)`` float32."""
+    if len(labels) == 0:
+        return _empty_labels()
     # cv2 maps pixel-centre indices; boxes are corner-based: shift by half a pixel around M.
     half = np.eye(3)
     half[:2, 2] = 0.5
@@ -248,8 +401,7 @@ def random_affine(
     new = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1)
     new = np.clip(new, 0, out_size)
     keep = box_candidates(labels[:, 1:5] * s, new)
-    result = np.concatenate([labels[keep, :1], new[keep]], 1).astype(np.float32)
-    return out, result
+    return np.concatenate([labels[keep, :1], new[keep]], 1).astype(np.float32)
 
 
 def augment_hsv(
@@ -272,18 +424,36 @@ def augment_hsv(
     Returns:
         A new ``(H, W, 3)`` uint8 RGB image (``img`` itself when no channel changes).
     """
+    return apply_hsv(img, *hsv_deltas(rng, hgain, sgain, vgain, channel_prob))
+
+
+def hsv_deltas(
+    rng: np.random.Generator,
+    hgain: float = 5.0,
+    sgain: float = 30.0,
+    vgain: float = 30.0,
+    channel_prob: float = 0.5,
+) -> tuple[int, int, int]:
+    """The integer ``(dh, ds, dv)`` shifts :func:`augment_hsv` draws (its draws, in order)."""
     gains = np.array([hgain, sgain, vgain], dtype=np.float64)
     deltas = rng.uniform(-1, 1, 3) * gains * (rng.random(3) < channel_prob)
     dh, ds, dv = (int(round(d)) for d in deltas)
+    return dh, ds, dv
+
+
+def apply_hsv(img: np.ndarray, dh: int, ds: int, dv: int) -> np.ndarray:
+    """Shift hue (mod 180), saturation and value (clipped to 0..255) of an RGB uint8 image
+    through OpenCV's HSV with lookup tables; ``img`` itself when all shifts are 0."""
     if dh == 0 and ds == 0 and dv == 0:
         return img
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     x = np.arange(256, dtype=np.int16)
-    lut_h = ((x + dh) % 180).astype(np.uint8)
-    lut_s = np.clip(x + ds, 0, 255).astype(np.uint8)
-    lut_v = np.clip(x + dv, 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: no split/merge copies
+    lut[:, 0, 0] = (x + dh) % 180
+    lut[:, 0, 1] = np.clip(x + ds, 0, 255)
+    lut[:, 0, 2] = np.clip(x + dv, 0, 255)
+    hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
+    cv2.LUT(hsv, lut, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
 
 
 def fliplr(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -319,5 +489,9 @@ def mixup(
     if img1.shape != img2.shape:
         raise ValueError(f"mixup needs equal shapes, got {img1.shape} and {img2.shape}")
     r = float(rng.beta(32.0, 32.0))
-    out = cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0)
-    return out, np.concatenate([labels1, labels2], 0).astype(np.float32)
+    return blend(img1, img2, r), np.concatenate([labels1, labels2], 0).astype(np.float32)
+
+
+def blend(img1: np.ndarray, img2: np.ndarray, r: float) -> np.ndarray:
+    """``r * img1 + (1 - r) * img2`` as uint8 (the pixels of :func:`mixup`)."""
+    return cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0)

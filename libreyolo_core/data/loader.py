@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-__all__ = ["Batch", "build_dataloader", "collate", "seed_worker"]
+from libreyolo_core.data.workers import single_threaded_cv2, usable_cpus
+
+__all__ = ["Batch", "YOLODataLoader", "build_dataloader", "collate", "seed_worker"]
 
 
 @dataclass
@@ -110,6 +112,18 @@ def seed_worker(worker_id: int, seed: int = 0, rank: int = 0) -> None:
     random.seed(int(state[1]))
 
 
+class YOLODataLoader(DataLoader):
+    """``DataLoader`` whose worker processes start with OpenCV at one thread (set in the
+    parent around their fork, :func:`~libreyolo_core.data.workers.single_threaded_cv2`);
+    torch already runs one intra-op thread in each worker."""
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        with single_threaded_cv2():
+            return super()._get_iterator()
+
+
 def build_dataloader(
     dataset: Dataset,
     batch_size: int,
@@ -133,8 +147,8 @@ def build_dataloader(
     Args:
         dataset: usually a ``YOLODataset``.
         batch_size: images per batch on THIS rank.
-        workers: loader worker processes (clamped to ``os.cpu_count()``); ``0`` loads in
-            the main process. Workers are persistent (``persistent_workers=workers > 0``).
+        workers: loader worker processes (clamped to the CPUs this process may use); ``0``
+            loads in the main process. Each worker runs OpenCV and torch single-threaded. Workers are persistent (``persistent_workers=workers > 0``).
         shuffle: shuffle each epoch (training) or keep order (validation).
         seed, rank, world_size: sampler and worker seeding.
         drop_last: drop the last incomplete batch.
@@ -150,7 +164,7 @@ def build_dataloader(
         raise ValueError(f"workers={workers} must be >= 0")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    workers = min(workers, os.cpu_count() or 1)
+    workers = min(workers, usable_cpus())
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     sampler: DistributedSampler[int] = DistributedSampler(
@@ -158,7 +172,7 @@ def build_dataloader(
     )
     generator = torch.Generator()
     generator.manual_seed(seed * 1000 + rank)
-    return DataLoader(
+    return YOLODataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,

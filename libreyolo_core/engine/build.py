@@ -24,6 +24,7 @@ from libreyolo_core.data.config import DataConfig
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.loader import build_dataloader
 from libreyolo_core.data.scan import scan_split
+from libreyolo_core.data.workers import apply_threads, local_ranks, plan_workers
 from libreyolo_core.distributed.autobatch import autobatch
 from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.context import (
@@ -183,7 +184,11 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
                             seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir)
     visible = math.ceil(len(train_set) / dist.world_size)
-    train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
+    plan = plan_workers(cfg.workers, local_ranks(dist.world_size))
+    apply_threads(plan)
+    if dist.is_main:
+        log.info(plan.describe())
+    train_loader = build_dataloader(train_set, rank_batch, plan.workers, shuffle=True, seed=cfg.seed,
                                     rank=dist.rank, world_size=dist.world_size,
                                     drop_last=visible >= rank_batch)
     if visible >= rank_batch and visible % rank_batch and dist.is_main:
@@ -194,7 +199,7 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
         return train_set, train_loader, None
     val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache, seed=cfg.seed, rank=0,
                           cache_dir=cfg.cache_dir)
-    return train_set, train_loader, build_dataloader(val_set, rank_batch, min(cfg.workers, 2),
+    return train_set, train_loader, build_dataloader(val_set, rank_batch, min(plan.workers, 2),
                                                      shuffle=False, seed=cfg.seed)
 
 

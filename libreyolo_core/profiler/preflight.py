@@ -402,7 +402,10 @@ def time_validation(cfg: Any, device: Any, batches: int = VAL_BATCHES) -> tuple[
     report = scan_split(dc, "val" if dc.val else "train", cache_dir=cfg.cache_dir)
     ds = YOLODataset(report, cfg.imgsz, augment=False, cache=cfg.cache,
                      seed=cfg.seed, rank=0, cache_dir=cfg.cache_dir)
-    loader = build_dataloader(ds, cfg.batch, min(cfg.workers, 2), shuffle=False, seed=cfg.seed)
+    from libreyolo_core.data.workers import resolved_workers
+
+    loader = build_dataloader(ds, cfg.batch, min(resolved_workers(cfg.workers), 2), shuffle=False,
+                              seed=cfg.seed)
     total = len(loader)
     n = max(1, min(batches, total))
     family, size = parse_model_name(cfg.model)

@@ -209,6 +209,10 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
     cuda = device_type == "cuda"
     batch = int(config.get("batch") or 16)
     workers = int(config.get("workers") or 0)
+    if workers < 0:  # automatic: what this machine gives a run
+        from libreyolo_core.data.workers import resolved_workers
+
+        workers = resolved_workers(workers)
     out: dict[str, Lever] = {}
 
     def add(lever: Lever) -> None:

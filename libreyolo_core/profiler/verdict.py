@@ -112,6 +112,10 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
     batch = int(config.get("batch") or 16)
     workers_set = config.get("workers")
     workers = int(workers_set if workers_set is not None else 4)
+    if workers < 0:  # automatic: what this machine gives a run
+        from libreyolo_core.data.workers import resolved_workers
+
+        workers = resolved_workers(workers)
     cores = cpu_count or os.cpu_count() or 1
     cpu = str(config.get("device", "cpu")).startswith("cpu")
     params: dict[str, Any] = {}

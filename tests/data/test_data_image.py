@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from libreyolo_core.data.image import ImageDecodeError, load_image
+from libreyolo_core.data.image import ImageDecodeError, jpeg_frame, load_image, load_image_fast
 
 
 def _check(a: np.ndarray, h: int, w: int) -> None:
@@ -123,3 +123,59 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     trunc.write_bytes(trunc.read_bytes()[:60])
     with pytest.raises(ImageDecodeError, match="trunc.png"):
         load_image(trunc)
+
+
+# ---------------------------------------------------------------- load_image_fast
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("max_side", [None, 40, 17, 8])
+def test_fast_decode_equals_pillow_for_jpegs(tmp_path: Path, orientation: int, max_side) -> None:
+    """OpenCV's decode (EXIF orientation, DCT scaling) gives Pillow's pixels exactly."""
+    rng = np.random.default_rng(orientation)
+    arr = rng.integers(0, 255, (48, 80, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    p = tmp_path / "o.jpg"
+    Image.fromarray(arr).save(p, exif=exif, quality=90)
+    a, b = load_image(p, max_side=max_side), load_image_fast(p, max_side=max_side)
+    assert a.shape == b.shape and a.dtype == b.dtype and (a == b).all()
+
+
+@pytest.mark.parametrize("kind", ["grey", "progressive", "cmyk", "truncated", "png", "exif_only"])
+def test_fast_decode_other_files(tmp_path: Path, kind: str) -> None:
+    """Grey and progressive JPEGs decode the same; CMYK, truncated JPEGs and other formats
+    go to Pillow (same result by construction)."""
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (30, 50, 3), dtype=np.uint8)
+    p = tmp_path / ("x.png" if kind == "png" else "x.jpg")
+    if kind == "grey":
+        Image.fromarray(rgb[..., 0]).save(p)
+    elif kind == "progressive":
+        Image.fromarray(rgb).save(p, progressive=True)
+    elif kind == "cmyk":
+        Image.fromarray(rgb).convert("CMYK").save(p)
+        assert jpeg_frame(p.read_bytes())[2] == 4
+    elif kind == "truncated":
+        Image.fromarray(rgb).save(p, quality=95)
+        p.write_bytes(p.read_bytes()[:-200])
+    elif kind == "exif_only":  # a JPEG whose header segments come before the frame
+        exif = Image.Exif()
+        exif[0x010F] = "x" * 300
+        Image.fromarray(rgb).save(p, exif=exif, icc_profile=b"\0" * 500)
+    else:
+        Image.fromarray(rgb).save(p)
+    truncated = kind == "truncated"
+    a = load_image(p, max_side=25, truncated_ok=truncated)
+    b = load_image_fast(p, max_side=25, truncated_ok=truncated)
+    assert a.shape == b.shape and (a == b).all()
+    if kind not in ("png",):
+        assert jpeg_frame(p.read_bytes())[:2] == (30, 50)
+
+
+def test_fast_decode_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        load_image_fast(tmp_path / "nope.jpg")
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    with pytest.raises(ImageDecodeError, match="bad.jpg"):
+        load_image_fast(bad)
+    assert jpeg_frame(b"GIF89a") is None and jpeg_frame(bad.read_bytes()) is None

@@ -43,7 +43,6 @@ class Yolo9(Family):
         "scale": (0.5, 1.5),
         "mixup": 0.0,
         "ema_decay": 0.9999,
-        "workers": 8,
     }
 
     def build_model(self, size: str, nc: int, cls_width: int | None = None) -> YOLO9:
