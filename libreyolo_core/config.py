@@ -224,6 +224,9 @@ class TrainConfig(BaseModel):
     freeze: int | list[str] | None = Field(
         None, description="keep weights and BatchNorm statistics fixed: a count of leading "
         "blocks (freeze=10) or module names (freeze=backbone or [backbone, neck.up1])")
+    # -- experiment trackers (engine/trackers.py) --------------------------------------
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run folder")
+    mlflow: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; off: none)")
 
     # -- field-level normalisation ---------------------------------------------------
     @field_validator("*", mode="before")

@@ -384,6 +384,9 @@ def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], No
         hooks += [CheckpointHook(), ProgressHook()]
     hooks.append(NonFiniteGuard())
     if main:
+        from libreyolo_core.engine.trackers import tracker_hooks
+
+        hooks += tracker_hooks(trainer)  # TensorBoard, MLflow (engine/trackers.py)
         hooks.append(CallbackHook(callbacks))
     for hook in hooks:
         hook.trainer = trainer

@@ -19,62 +19,11 @@ pytest.importorskip("onnx")
 
 from libreyolo_core.export.onnx import ExportCheckError, export_onnx, read_metadata  # noqa: E402
 from libreyolo_core.export.runtime import OnnxDetector  # noqa: E402
-from libreyolo_core.facade import LibreYOLO  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_models import IMAGES, confident, letterboxed  # noqa: E402
 
 MODELS = ["yolo9-t", "yolo9-s", "yolox-n", "yolox-t", "yolox-s"]
-IMAGES = Path(__file__).resolve().parent.parent / "assets" / "coco8" / "images"
-
-
-def _letterboxed(n: int, size: int) -> torch.Tensor:
-    from libreyolo_core.data.augment import letterbox
-    from libreyolo_core.data.image import load_image
-
-    files = sorted(IMAGES.glob("*.jpg"))[:n]
-    return torch.from_numpy(np.stack([letterbox(load_image(f), size)[0].transpose(2, 0, 1)
-                                      for f in files]))
-
-
-def confident(name: str, nc: int = 3) -> LibreYOLO:
-    """A freshly built model with BatchNorm statistics of the coco8 images and its last
-    class (and objectness) convs (drawn and) rescaled so that,
-    on the coco8 images, their logits have a spread of 1.5 around -1.5 (objectness: 1 around
-    +1): a random network's near-constant scores (ties everywhere) become distinct scores,
-    a few per cent of them above conf=0.25, so NMS and the max_det cap have real work."""
-    torch.manual_seed(0)
-    yolo = LibreYOLO(name, nc=nc, names={i: f"c{i}" for i in range(nc)})
-    head = yolo.model.head
-    if yolo.family.name == "yolox":
-        convs = [(c, 1.5, -1.5) for c in head.cls_preds] + [(c, 1.0, 1.0) for c in head.obj_preds]
-    else:
-        convs = [(tower[-1], 1.5, -1.5) for tower in head.cls]
-    images = yolo.family.preprocess(_letterboxed(8, 128))
-    with torch.no_grad():
-        for conv, _, _ in convs:  # YOLOv9 starts its class convs at zero weights
-            if not conv.weight.any():
-                conv.weight.normal_(0.0, 0.01)
-        # BatchNorm statistics of these images (fresh ones make deep features vanish)
-        for m in yolo.model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.reset_running_stats()
-                m.momentum = None  # a cumulative average: one batch sets them
-        yolo.model.train()(images)
-        yolo.model.eval()
-        for m in yolo.model.modules():  # a variance floor keeps the network well conditioned
-            if isinstance(m, torch.nn.BatchNorm2d):  # (fp32 within 1e-4 px of fp64)
-                m.running_var.clamp_(min=0.1)
-    logits: dict[int, torch.Tensor] = {}
-    handles = [c.register_forward_hook(lambda m, i, o: logits.__setitem__(id(m), o.detach()))
-               for c, _, _ in convs]
-    with torch.no_grad():
-        yolo.model(images)
-        for h in handles:
-            h.remove()
-        for conv, spread, centre in convs:
-            out = logits[id(conv)]
-            a = spread / float(out.std().clamp_min(1e-6))
-            conv.weight.mul_(a)
-            conv.bias.copy_((conv.bias - out.mean()) * a + centre)
-    return yolo
 
 
 def rel(got: np.ndarray, ref: torch.Tensor) -> float:
@@ -102,7 +51,7 @@ def test_export_every_model_checks_and_describes_itself(name, tmp_path, caplog):
     assert meta["names"] == {0: "c0", 1: "c1", 2: "c2"} and meta["imgsz"] == 64
     assert meta["libreyolo_model"] == name and meta["layout"] == "raw"
     assert float(meta["check_max_diff"]) == pytest.approx(result.max_diff, rel=1e-5, abs=1e-12)
-    x = _letterboxed(1, 64)
+    x = letterboxed(1, 64)
     decoded, p3, p4, p5 = _ort(Path(result.path), x)
     with torch.no_grad():
         ref, maps = yolo.model(yolo.family.preprocess(x))
@@ -116,7 +65,7 @@ def test_dynamic_batch_and_sizes(name, tmp_path):
     yolo = confident(name)
     result = yolo.export(file=tmp_path / "dyn.onnx", imgsz=64, dynamic=True)
     for batch, (h, w) in [(1, (64, 64)), (4, (96, 128)), (4, (64, 64)), (1, (128, 96))]:
-        x = _letterboxed(batch, max(h, w))[:, :, :h, :w].contiguous()
+        x = letterboxed(batch, max(h, w))[:, :, :h, :w].contiguous()
         with torch.no_grad():
             ref, maps = yolo.model(yolo.family.preprocess(x))
         got = _ort(Path(result.path), x)
@@ -157,7 +106,7 @@ def test_nms_layout_gives_final_detections(name, tmp_path):
         np.testing.assert_allclose(a.scores[order_a], b.scores[order_b], atol=1e-5)
         np.testing.assert_allclose(a.boxes[order_a], b.boxes[order_b], atol=1e-3)
     # a batch of 4 images in one run: rows carry their image index
-    two = _letterboxed(2, 128).numpy()
+    two = letterboxed(2, 128).numpy()
     rows = OnnxDetector(path).run(np.concatenate([two, two]))[0]
     assert rows.shape[1] == 7 and set(np.unique(rows[:, 0]).astype(int)) <= {0, 1, 2, 3}
     assert (rows[rows[:, 0] == 0][:, 1:] - rows[rows[:, 0] == 2][:, 1:]).max() < 1e-3
