@@ -381,7 +381,12 @@ def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], No
         hooks.append(ProfilerHook())
     hooks.append(ValidationHook())
     if main:
-        hooks += [CheckpointHook(), ProgressHook()]
+        hooks.append(CheckpointHook())
+        if getattr(cfg, "export", None):  # best.pt -> weights/best.onnx before run_end and the trackers' artifacts
+            from libreyolo_core.export.hook import ExportHook
+
+            hooks.append(ExportHook())
+        hooks.append(ProgressHook())
     hooks.append(NonFiniteGuard())
     if main:
         from libreyolo_core.engine.trackers import tracker_hooks

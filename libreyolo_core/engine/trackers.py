@@ -10,7 +10,7 @@ the validation pictures found under ``<run_dir>/val/*.png`` and the PR curve of
 
 :class:`MlflowHook` logs to the tracking server of ``cfg.mlflow`` (else
 ``$MLFLOW_TRACKING_URI``): the resolved config as parameters, every epoch's losses,
-metrics and lr with the epoch as step, the artifacts (``weights/best.pt``,
+metrics and lr with the epoch as step, the artifacts (``weights/best.pt``, ``best.onnx`` of ``export=[onnx]``,
 ``results.csv``, ``val/``) at the end, and tags ``libreyolo.job_id`` / ``libreyolo.user``
 from ``$LIBREYOLO_JOB_ID`` / ``$LIBREYOLO_USER`` when set. The run id goes into
 ``<run_dir>/mlflow.json`` (``{"tracking_uri", "run_id", "experiment_id"}``) so that a
@@ -315,9 +315,9 @@ class MlflowHook(TrackerHook):
                                                                          "FAILED")
 
         def finish() -> None:
-            best = run_dir / "weights" / "best.pt"
-            if best.is_file():
-                self.client.log_artifact(self.run_id, str(best), "weights")
+            for name in ("best.pt", "best.onnx", "best.onnx.json"):
+                if (run_dir / "weights" / name).is_file():
+                    self.client.log_artifact(self.run_id, str(run_dir / "weights" / name), "weights")
             for name in ("results.csv", "mlflow.json"):
                 if (run_dir / name).is_file():
                     self.client.log_artifact(self.run_id, str(run_dir / name))

@@ -139,3 +139,25 @@ def test_mlflow_run_params_metrics_artifacts_and_tags(sample_yaml, tmp_path, mlf
     assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
     assert "val/report.json" in {a.path for a in client.list_artifacts(run.info.run_id, "val")}
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the hook's setting went with it
+
+
+def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch):
+    """export=[onnx] runs after the checkpoint and before the progress hook's run_end; the
+    trackers come after NonFiniteGuard and before the user's callbacks, rank 0 only."""
+    import types
+
+    from libreyolo_core.distributed.context import DistContext
+    from libreyolo_core.engine.hooks import CallbackHook, CheckpointHook, NonFiniteGuard, default_hooks
+    from libreyolo_core.engine.progress import ProgressHook
+    from libreyolo_core.engine.trackers import MlflowHook, TensorBoardHook
+    from libreyolo_core.export.hook import ExportHook
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = types.SimpleNamespace(profile=False, export=["onnx"], tensorboard=True, mlflow="http://x")
+    kinds = [type(h) for h in default_hooks(types.SimpleNamespace(
+        dist=DistContext(rank=0, local_rank=0, world_size=1), cfg=cfg), {})]
+    assert kinds[kinds.index(CheckpointHook):] == [CheckpointHook, ExportHook, ProgressHook, NonFiniteGuard,
+                                                   TensorBoardHook, MlflowHook, CallbackHook]
+    rank1 = [type(h) for h in default_hooks(types.SimpleNamespace(
+        dist=DistContext(rank=1, local_rank=1, world_size=2), cfg=cfg), {})]
+    assert not {ExportHook, TensorBoardHook, MlflowHook} & set(rank1)

@@ -19,6 +19,7 @@ pytest.importorskip("onnx")
 
 from libreyolo_core.export.onnx import ExportCheckError, export_onnx, read_metadata  # noqa: E402
 from libreyolo_core.export.runtime import OnnxDetector  # noqa: E402
+from libreyolo_core.facade import LibreYOLO  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_models import IMAGES, confident, letterboxed  # noqa: E402
@@ -162,3 +163,18 @@ def test_cli_export_and_missing_onnx_message(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == (
         "error: ONNX export needs onnx and onnxruntime: pip install 'libreyolo-service[onnx]'")
     assert not (tmp_path / "no.onnx").exists()
+
+
+def test_training_with_export_onnx_leaves_a_checked_best_onnx(sample_yaml, tmp_path):
+    from libreyolo_core.engine.events import read_events
+
+    result = LibreYOLO("yolox-n").train(data=sample_yaml, project=tmp_path, epochs=1, imgsz=64,
+                                        batch=8, workers=0, export="[onnx]", tensorboard=False,
+                                        mlflow="off", save_period=0)
+    weights = Path(result["save_dir"]) / "weights"
+    record = json.loads((weights / "best.onnx.json").read_text())
+    assert record["path"] == "weights/best.onnx" and record["max_diff"] <= 1e-4
+    assert read_metadata(weights / "best.onnx")["imgsz"] == 64
+    events = [e for e in read_events(Path(result["save_dir"]) / "events.jsonl")
+              if getattr(e, "kind", None) == "export"]
+    assert {e.path for e in events} == {"weights/best.onnx", "weights/best.onnx.json"}
