@@ -147,7 +147,12 @@ def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch)
     import types
 
     from libreyolo_core.distributed.context import DistContext
-    from libreyolo_core.engine.hooks import CallbackHook, CheckpointHook, NonFiniteGuard, default_hooks
+    from libreyolo_core.engine.hooks import (
+        CallbackHook,
+        CheckpointHook,
+        NonFiniteGuard,
+        default_hooks,
+    )
     from libreyolo_core.engine.progress import ProgressHook
     from libreyolo_core.engine.trackers import MlflowHook, TensorBoardHook
     from libreyolo_core.export.hook import ExportHook
@@ -161,3 +166,16 @@ def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch)
     rank1 = [type(h) for h in default_hooks(types.SimpleNamespace(
         dist=DistContext(rank=1, local_rank=1, world_size=2), cfg=cfg), {})]
     assert not {ExportHook, TensorBoardHook, MlflowHook} & set(rank1)
+    # publishing registers a version in MLflow's registry (service/mlflow_registry.py, torch-free)
+    from service.mlflow_registry import RegistryError, register_version
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # what register_version sets
+
+    first = register_version(run_dir / "mlflow.json", "shapes", tags={"libreyolo.model_id": "m1"})
+    second = register_version(run_dir / "mlflow.json", "shapes", tracking_uri=mlflow_server)
+    assert (first["version"], second["version"]) == ("1", "2")
+    version = client.get_model_version("shapes", "1")
+    assert version.run_id == info["run_id"] and version.tags["libreyolo.model_id"] == "m1"
+    assert version.source == f"runs:/{info['run_id']}/weights/best.pt"
+    with pytest.raises(RegistryError, match="MLflow registry"):
+        register_version(run_dir / "mlflow.json", "shapes", tracking_uri=f"http://127.0.0.1:{_free_port()}")
