@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -79,41 +76,13 @@ def test_a_tracker_that_is_down_warns_once_and_training_finishes(sample_yaml, tm
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real ``mlflow server`` on a private port: SQLite backend store, artifacts served
-    from a folder under ``tmp_path``; stopped at the end."""
+    """A real ``mlflow server`` on a private port (tests/service/mlflow_kit.py)."""
     pytest.importorskip("mlflow")
-    port = _free_port()
-    root = tmp_path / "mlflow"
-    root.mkdir()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-           "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-                            start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    import httpx
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+    from mlflow_kit import mlflow_server as server
 
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not start in 180 s")
-    yield uri
-    os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log.close()
+    with server(tmp_path / "mlflow") as uri:
+        yield uri
 
 
 def test_mlflow_run_params_metrics_artifacts_and_tags(sample_yaml, tmp_path, mlflow_server, monkeypatch):
@@ -139,6 +108,19 @@ def test_mlflow_run_params_metrics_artifacts_and_tags(sample_yaml, tmp_path, mlf
     assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
     assert "val/report.json" in {a.path for a in client.list_artifacts(run.info.run_id, "val")}
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the hook's setting went with it
+    # publishing registers a version in MLflow's registry (service/mlflow_registry.py, torch-free)
+    from service.mlflow_registry import RegistryError, register_version
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # what register_version sets
+
+    first = register_version(run_dir / "mlflow.json", "shapes", tags={"libreyolo.model_id": "m1"})
+    second = register_version(run_dir / "mlflow.json", "shapes", tracking_uri=mlflow_server)
+    assert (first["version"], second["version"]) == ("1", "2")
+    version = client.get_model_version("shapes", "1")
+    assert version.run_id == info["run_id"] and version.tags["libreyolo.model_id"] == "m1"
+    assert version.source == f"runs:/{info['run_id']}/weights/best.pt"
+    with pytest.raises(RegistryError, match="MLflow registry"):
+        register_version(run_dir / "mlflow.json", "shapes", tracking_uri=f"http://127.0.0.1:{_free_port()}")
 
 
 def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch):
@@ -166,16 +148,3 @@ def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch)
     rank1 = [type(h) for h in default_hooks(types.SimpleNamespace(
         dist=DistContext(rank=1, local_rank=1, world_size=2), cfg=cfg), {})]
     assert not {ExportHook, TensorBoardHook, MlflowHook} & set(rank1)
-    # publishing registers a version in MLflow's registry (service/mlflow_registry.py, torch-free)
-    from service.mlflow_registry import RegistryError, register_version
-
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # what register_version sets
-
-    first = register_version(run_dir / "mlflow.json", "shapes", tags={"libreyolo.model_id": "m1"})
-    second = register_version(run_dir / "mlflow.json", "shapes", tracking_uri=mlflow_server)
-    assert (first["version"], second["version"]) == ("1", "2")
-    version = client.get_model_version("shapes", "1")
-    assert version.run_id == info["run_id"] and version.tags["libreyolo.model_id"] == "m1"
-    assert version.source == f"runs:/{info['run_id']}/weights/best.pt"
-    with pytest.raises(RegistryError, match="MLflow registry"):
-        register_version(run_dir / "mlflow.json", "shapes", tracking_uri=f"http://127.0.0.1:{_free_port()}")
