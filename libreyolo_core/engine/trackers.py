@@ -100,7 +100,11 @@ class TrackerHook(HookBase):
 
     def after_train(self) -> None:
         self.guard(self.on_end)
-        self.guard(self.close)
+        try:  # a dropped tracker closes too: what it holds (a thread, settings) goes with the run
+            self.close()
+        except Exception as exc:  # noqa: BLE001
+            if not self.dead:
+                self.drop(exc)
 
     def open(self) -> None: ...
     def on_step(self, finite: bool) -> None: ...
