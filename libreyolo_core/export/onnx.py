@@ -223,6 +223,10 @@ def export_onnx(
     opset = int(opset or DEFAULT_OPSET)
     if opset < 11:
         raise ExportError(f"opset={opset}: the export needs opset >= 11")
+    if half and family.name == "yolo9":
+        raise ExportError("half=true is not supported for YOLOv9 yet (the TorchScript exporter "
+                          "fails on its float16 head: 'tensor does not have a device'); export "
+                          "float32 (half=false)")
     if imgsz % family.stride:
         raise ExportError(f"imgsz={imgsz} must be a multiple of the stride {family.stride}")
     import copy

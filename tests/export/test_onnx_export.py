@@ -178,3 +178,15 @@ def test_training_with_export_onnx_leaves_a_checked_best_onnx(sample_yaml, tmp_p
     events = [e for e in read_events(Path(result["save_dir"]) / "events.jsonl")
               if getattr(e, "kind", None) == "export"]
     assert {e.path for e in events} == {"weights/best.onnx", "weights/best.onnx.json"}
+
+
+def test_half_export_is_checked_against_float16_pytorch(tmp_path):
+    from libreyolo_core.export.onnx import FP16_TOLERANCE, ExportError
+
+    result = confident("yolox-n").export(file=tmp_path / "h.onnx", imgsz=64, half=True)
+    assert result.half and result.tolerance == FP16_TOLERANCE and result.max_diff <= FP16_TOLERANCE
+    decoded = _ort(Path(result.path), letterboxed(1, 64))[0]
+    assert decoded.dtype == np.float32  # outputs stay float32, the input uint8
+    with pytest.raises(ExportError, match="not supported for YOLOv9"):
+        confident("yolo9-t").export(file=tmp_path / "h9.onnx", imgsz=64, half=True)
+    assert not (tmp_path / "h9.onnx").exists()
