@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
 	# (a reference libreyolo once installed into the venv itself took over bin/libreyolo)
 	$(BIN)/pip uninstall -y -q libreyolo 2>/dev/null || true
-	$(BIN)/pip install -e '.[dev,ref]'
+	$(BIN)/pip install -e '.[dev,ref,onnx,tensorboard,mlflow]'
 	# test-only reference library, in its own folder that only the tests put on sys.path
 	# (tests/conftest.py): installed into the venv, its `libreyolo` command would replace
 	# ours. Without its dependencies: it pins opencv-python, which clashes with our

@@ -18,6 +18,9 @@ on one GPU, and checks that would start past :data:`BUDGET_S` are reported as no
    batch 16, fp32, light augmentation, cached images): the verdict must be ``compute``.
 5. ``ddp_nccl`` — ``bench/ddp_smoke.py`` under torchrun with one rank: NCCL, SyncBatchNorm,
    DDP gradients equal to the plain model's.
+6. ``tensorrt_onnx`` — ``bench/tensorrt_check.py``: a TensorRT engine built from the checked
+   ONNX export of yolox-n, its outputs against PyTorch on the GPU (``|trt - torch| / (1 +
+   |torch|)`` <= 1e-3, TF32 off); passes as skipped where TensorRT is not installed.
 
 Writes one JSON report (``--out``, default ``runs/gpu_check/gpu_check.json``: the machine,
 torch, every check with ``ok``, ``seconds`` and its figures) and prints one summary line.
@@ -197,6 +200,19 @@ def check_ddp(work: Path) -> dict[str, Any]:
     return res
 
 
+def check_tensorrt(work: Path) -> dict[str, Any]:
+    """``bench/tensorrt_check.py``: a TensorRT engine built from our checked ONNX export,
+    compared with PyTorch on the GPU; ok and ``skipped`` when TensorRT is not installed."""
+    rc, out, err = _run([sys.executable, "bench/tensorrt_check.py"], timeout=240)
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
+    res: dict[str, Any] = json.loads(line) if line else {}
+    res["ok"] = rc == 0 and bool(res.get("ok"))
+    res["exit_code"] = rc
+    if not res["ok"]:
+        res["detail"] = _tail(err)
+    return res
+
+
 def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """The checks in run order: ``(name, fn)``."""
     return [
@@ -206,6 +222,7 @@ def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("profile_launch_bound", lambda: check_profile(work, "launch_bound")),
         ("profile_compute_bound", lambda: check_profile(work, "compute_bound")),
         ("ddp_nccl", lambda: check_ddp(work)),
+        ("tensorrt_onnx", lambda: check_tensorrt(work)),
     ]
 
 

@@ -1,6 +1,6 @@
 """``libreyolo <command> key=value ...`` — LibreYOLO's command-line syntax.
 
-Commands: ``train``, ``val``, ``predict``, ``profile``, ``cfg``, ``checks``, ``info``,
+Commands: ``train``, ``val``, ``predict``, ``export``, ``profile``, ``cfg``, ``checks``, ``info``,
 ``version``; ``libreyolo help [COMMAND]`` and ``COMMAND --help`` print their help
 (:mod:`libreyolo_core.cli_help`).
 ``--key value`` works like ``key=value``; ``train spec=job.json`` reads a job spec written
@@ -45,6 +45,8 @@ COMMAND_KEYS: dict[str, set[str]] = {
     "cfg": set(),  # any training key: the schema checks them
     "checks": {"data", "json", "cache_dir"},
     "info": {"model", "imgsz"},
+    "export": {"model", "format", "file", "imgsz", "dynamic", "half", "opset", "nms", "simplify",
+               "conf", "iou", "max_det", "batch", "json"},
     "version": set(),
 }
 COMMANDS = ("train", *COMMAND_KEYS, "profile")
@@ -224,6 +226,39 @@ def cmd_predict(keys: dict[str, Any]) -> int:
     return EXIT_OK
 
 
+def cmd_export(keys: dict[str, Any]) -> int:
+    """``libreyolo export model=best.pt format=onnx ...``: write and check the file; print
+    where it went and the check figure (``json=true``: the result as one JSON line)."""
+    from libreyolo_core.export.onnx import ONNX_INSTALL, ExportError
+    from libreyolo_core.facade import LibreYOLO
+
+    _check_keys("export", keys)
+    as_json = _bool(keys.pop("json", False))
+    typed = _typed(keys, {"imgsz": int, "opset": int, "max_det": int, "batch": int,
+                          "conf": float, "iou": float})
+    for key in ("dynamic", "half", "nms"):
+        if key in typed:
+            typed[key] = _bool(typed[key])
+    if "simplify" in typed and str(typed["simplify"]).lower() in ("true", "false", "1", "0", "yes", "no"):
+        typed["simplify"] = _bool(typed["simplify"])
+    model = LibreYOLO(typed.pop("model", "yolo9-t"))
+    try:
+        result = model.export(**typed)
+    except ExportError as exc:  # missing package: a usage error; a failed check or exporter: runtime
+        if str(exc) == ONNX_INSTALL:
+            raise UsageError(str(exc)) from None
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"exported {result.path} ({result.layout} layout, opset {result.opset}); "
+              f"onnxruntime check: max diff {result.max_diff:.3g} (tolerance {result.tolerance:g})")
+    return EXIT_OK
+
+
 def cmd_cfg(keys: dict[str, Any]) -> int:
     from libreyolo_core.config import describe_config, resolve_config
 
@@ -290,7 +325,7 @@ def cmd_version(keys: dict[str, Any]) -> int:
 
 
 HANDLERS: dict[str, Callable[[dict[str, Any]], int]] = {
-    "train": cmd_train, "val": cmd_val, "predict": cmd_predict, "cfg": cmd_cfg,
+    "train": cmd_train, "val": cmd_val, "predict": cmd_predict, "export": cmd_export, "cfg": cmd_cfg,
     "checks": cmd_checks, "info": cmd_info, "version": cmd_version,
 }
 

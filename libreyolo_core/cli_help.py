@@ -68,6 +68,18 @@ COMMAND_HELP: dict[str, CommandHelp] = {
         ("libreyolo predict model=best.pt source=images/ conf=0.4 save=true",
          "libreyolo predict model=best.pt source=clip.mp4 save=true save_json=true",
          "libreyolo predict model=best.pt source=bus.jpg json=true > boxes.jsonl")),
+    "export": CommandHelp(
+        "export a model to ONNX, checked by onnxruntime against PyTorch before it is kept",
+        (("model", "model name or checkpoint .pt (default yolo9-t)"),
+         ("format", "onnx (default)"), ("file", "output path (default: the .pt with .onnx)"),
+         ("imgsz", "input size, pixels (default: the training size)"),
+         ("dynamic", "true: dynamic batch, height and width"), ("half", "true: float16"),
+         ("opset", "ONNX opset (default 17)"),
+         ("nms", "true: final detections [image, x1, y1, x2, y2, score, cls] in the graph"),
+         ("simplify", "onnxslim/onnxsim when installed (false: never)"),
+         ("json", "true: print the result (path, check figure) as JSON")),
+        ("libreyolo export model=best.pt format=onnx imgsz=640",
+         "libreyolo export model=best.pt dynamic=true nms=true")),
     "profile": CommandHelp(
         "profile a short training window: time per phase, a verdict and the lever to try",
         (("run DATA", "profile a window of training steps: --model, --imgsz, --batch, --workers"),

@@ -234,6 +234,10 @@ class TrainConfig(BaseModel):
     freeze: int | list[str] | None = Field(
         None, description="keep weights and BatchNorm statistics fixed: a count of leading "
         "blocks (freeze=10) or module names (freeze=backbone or [backbone, neck.up1])")
+    # -- experiment trackers (engine/trackers.py) --------------------------------------
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run folder")
+    mlflow: str | None = Field(None, description="MLflow tracking URI (default: $MLFLOW_TRACKING_URI; off: none)")
+    export: list[Literal["onnx"]] = Field([], description="export best.pt at the end: [onnx] -> weights/best.onnx")
 
     # -- field-level normalisation ---------------------------------------------------
     @field_validator("*", mode="before")
@@ -288,6 +292,15 @@ class TrainConfig(BaseModel):
         if key not in CACHE_MODES:
             raise ValueError("must be false, ram or disk")
         return CACHE_MODES[key]
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _export(cls, v: Any) -> Any:
+        if v is None or v is False or (isinstance(v, str) and v.strip().lower() in ("", "none", "false")):
+            return []
+        if isinstance(v, str):  # export=onnx, export=[onnx]
+            return [p.strip().strip("'\"").lower() for p in v.strip().strip("[]").split(",") if p.strip()]
+        return v
 
     @field_validator("freeze", mode="before")
     @classmethod

@@ -1,4 +1,4 @@
-"""``LibreYOLO``: the Python entry point (build, train, validate, predict).
+"""``LibreYOLO``: the Python entry point (build, train, validate, predict, export).
 
     model = LibreYOLO("yolo9-t")                      # from the registry
     model.train(data="coco128.yaml", epochs=3, imgsz=320)
@@ -6,6 +6,7 @@
     model = LibreYOLO("yolox_s.pth")                  # or published weights (LibreYOLO 1.x,
                                                       # upstream YOLOv9, Megvii YOLOX)
     results = model.predict("images/", conf=0.25)
+    model.export(format="onnx", imgsz=640)            # best.onnx, checked by onnxruntime
 """
 
 from __future__ import annotations
@@ -440,6 +441,56 @@ class LibreYOLO:
         if arr.ndim != 3 or arr.shape[2] not in (3, 4):
             raise ValueError(f"an image array must be (H, W, 3) RGB uint8, got shape {arr.shape}")
         return np.ascontiguousarray(arr[..., :3].astype(np.uint8))
+
+    # -- export ---------------------------------------------------------------------------
+    def export(
+        self,
+        format: str = "onnx",
+        file: str | Path | None = None,
+        imgsz: int | None = None,
+        dynamic: bool = False,
+        half: bool = False,
+        opset: int | None = None,
+        nms: bool = False,
+        simplify: str | bool | None = None,
+        conf: float = 0.25,
+        iou: float = 0.45,
+        max_det: int = 300,
+        batch: int = 1,
+    ) -> Any:
+        """Export this model (``format="onnx"``), checked by onnxruntime before it is kept.
+
+        Args:
+            file: the output path (default: the checkpoint's path with ``.onnx``, or
+                ``<name>.onnx`` in the current folder for a registry model).
+            imgsz: input size (default: the training size; rounded up to the stride).
+            dynamic: dynamic batch, height and width. half: float16 network.
+            opset: ONNX opset (default 17). nms: final detections in the graph (layout
+                ``nms``) instead of the decoded boxes and raw maps (``raw``).
+            simplify: onnxslim / onnxsim (default: when installed; False: never).
+            conf, iou, max_det: the thresholds of the ``nms`` layout.
+            batch: the batch of a static export.
+
+        Returns:
+            :class:`~libreyolo_core.export.onnx.ExportResult` (path, check figure, layout).
+            The layouts and metadata are described in docs/export.md.
+
+        Raises:
+            ValueError: an unknown format. ExportError: onnx/onnxruntime missing (one line
+                saying what to install) or the exporter failing. ExportCheckError: the file's
+                outputs differ from PyTorch's beyond tolerance (no file is left).
+        """
+        from libreyolo_core.export import EXPORT_FORMATS
+        from libreyolo_core.export.onnx import export_onnx
+
+        if str(format).lower() not in EXPORT_FORMATS:
+            raise ValueError(f"format={format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
+        if file is None:
+            file = self.checkpoint.with_suffix(".onnx") if self.checkpoint else Path(f"{self.name}.onnx")
+        return export_onnx(self.model, self.family, file, names=self.names, model_name=self.name,
+                           imgsz=self._inference_size(imgsz), dynamic=dynamic, half=half, opset=opset,
+                           nms=nms, simplify=simplify, conf=conf, iou=iou, max_det=max_det,
+                           batch=batch)
 
     # -- misc -------------------------------------------------------------------------------
     def _inference_size(self, imgsz: int | None) -> int:

@@ -159,6 +159,9 @@ class Settings(BaseSettings):
         "gives its cost (the worker passes it to the engine as LIBREYOLO_GPU_HOUR_PRICE)")
     currency: str = Field("USD", min_length=1, max_length=8,
                           description="currency of gpu_hour_price")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking server: every job logs its run there (the worker "
+        "passes it to the engine as MLFLOW_TRACKING_URI) and a publish registers a version")
 
     @model_validator(mode="before")
     @classmethod

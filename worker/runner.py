@@ -374,6 +374,9 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     env[HANG_MIN_S_ENV] = f"{settings.hang_min_s:g}"
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
+    env["LIBREYOLO_JOB_ID"], env["LIBREYOLO_USER"] = job.id, job.owner_id  # tracker tags
+    if settings.mlflow_tracking_uri:  # every job logs its run (libreyolo_core/engine/trackers.py)
+        env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
     where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
     log.info("job %s attempt %d%s: %s", job_id, job.attempt, where, " ".join(argv))
     with open(log_path, "ab") as logf:

@@ -478,9 +478,17 @@ def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], No
     validation = ValidationHook()
     hooks.append(validation)
     if main:
-        hooks += [CheckpointHook(), ReportHook(validation), ProgressHook()]
+        hooks.append(CheckpointHook())
+        if getattr(cfg, "export", None):  # best.pt -> weights/best.onnx before run_end and the trackers' artifacts
+            from libreyolo_core.export.hook import ExportHook
+
+            hooks.append(ExportHook())
+        hooks += [ReportHook(validation), ProgressHook()]
     hooks.append(NonFiniteGuard())
     if main:
+        from libreyolo_core.engine.trackers import tracker_hooks
+
+        hooks += tracker_hooks(trainer)  # TensorBoard, MLflow (engine/trackers.py)
         hooks.append(CallbackHook(callbacks))
     for hook in hooks:
         hook.trainer = trainer

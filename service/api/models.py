@@ -9,6 +9,7 @@ torch), which says its family, size, classes and parameter count.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,8 @@ from service.db.models import Job, Model, User, new_id
 from service.lifecycle import ACTIVE, JobStatus
 from service.settings import Settings
 from service.storage.models import WeightsRejected, inspect_in_child
+
+log = logging.getLogger(__name__)
 
 __all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "PublishRequest"]
 
@@ -312,8 +315,29 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
     model = await _register(session, settings, model_id=model_id, part=part,
                             owner=session.get_one(User, job.owner_id), name=body.name,
                             source=f"job:{job.id}", field="job")
+    if settings.mlflow_tracking_uri:  # a version in MLflow's registry too, best effort
+        await anyio.to_thread.run_sync(_register_in_mlflow, request.app.state.store, job.id,
+                                       body.name, model.id, settings.mlflow_tracking_uri)
     response.headers["Location"] = f"/v1/models/{model.id}"
     return _public(model)
+
+
+def _register_in_mlflow(store: Any, job_id: str, name: str, model_id: str, uri: str) -> None:
+    """The job's MLflow run (its ``mlflow.json``) registered as a version of ``name``; a
+    job without a run or a server that is down is one warning (the publish stands)."""
+    from service.mlflow_registry import RegistryError, register_version
+
+    record = store.resolve(job_id, "mlflow.json")
+    if record is None:
+        log.warning("publish %s: job %s has no MLflow run; nothing registered in MLflow", model_id, job_id)
+        return
+    try:
+        version = register_version(record, name, tracking_uri=uri,
+                                   tags={"libreyolo.model_id": model_id, "libreyolo.job_id": job_id})
+    except RegistryError as exc:
+        log.warning("publish %s: %s", model_id, exc)
+        return
+    log.info("publish %s: MLflow model %r version %s", model_id, version["name"], version["version"])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
