@@ -94,7 +94,7 @@ def cluster_waiting(out: JobPublic) -> None:
     ``queued`` in the API, ``waiting`` with the cluster's reason (``Slurm: Resources``)."""
     cluster = out.cluster or {}
     if out.status == JobStatus.RUNNING and cluster.get("state") in ("PENDING", "REQUEUED"):
-        out.status = JobStatus.QUEUED
+        out.status = "queued"
         name = str(cluster.get("launcher") or "cluster").capitalize()
         reason = cluster.get("reason") or "waiting for resources"
         out.waiting = f"{name}: {reason} (job {cluster.get('job_id')})"
