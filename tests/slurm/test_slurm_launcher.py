@@ -254,6 +254,7 @@ def test_scontrol_requeue_resumes_from_last_pt_as_attempt_2(stack, long_data, sl
         stack.run(job_id, "slurm")
         j = in_epoch(c, job_id, 2)
         slurm_id = j["cluster"]["job_id"]
+        requeued_at = time.time()
         assert slurm.scontrol("requeue", slurm_id).returncode == 0
         again = wait_for(lambda: (x := job(c, job_id))["attempt"] == 2 and x, timeout=120,
                          interval=0.3, what="attempt 2")
@@ -266,7 +267,10 @@ def test_scontrol_requeue_resumes_from_last_pt_as_attempt_2(stack, long_data, sl
     assert done["cluster"]["restarts"] == 1
     assert any("attempt 2 resumes" in s.get("reason", "") for s in statuses), statuses
     starts = [e for e in evs if e["event"] == "run_start"]
-    assert len(starts) == 2 and starts[1].get("resume"), starts
+    assert len(starts) == 2 and (starts[1].get("start_epoch") or 0) >= 2, starts
+    back = [e["time"] for e in evs if e["event"] == "progress" and e["time"] > starts[1]["time"]]
+    print(f"scontrol requeue -> attempt 2's first step: {back[0] - requeued_at:.1f} s "
+          f"(resumed at epoch {starts[1]['start_epoch']})")
     ended = [e["epoch"] for e in evs if e["event"] == "epoch_end"]
     assert sorted(set(ended)) == list(range(1, epochs + 1))
     assert len(ended) <= epochs + 1, ended  # at most one epoch lost (trained again)
