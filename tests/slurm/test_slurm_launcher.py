@@ -294,5 +294,9 @@ def test_node_down_mid_run_is_infrastructure_and_requeued(stack, long_data, slur
         assert waiting["waiting"].startswith("Slurm: "), waiting
         slurm.resume("n2")
         done = finished(c, job_id, timeout=600)
+        ends = [e["data"] for e in events(c, job_id)
+                if e["kind"] == "status" and e["data"].get("end_class")]
     assert done["status"] == "succeeded", done
-    assert done["attempt"] >= 2 and done["end_class"] == "infrastructure"
+    assert done["attempt"] == 2 and done["cluster"]["restarts"] == 1
+    assert [e["end_class"] for e in ends] == ["infrastructure"], ends
+    assert "Slurm re-queued" in ends[0]["why"]
