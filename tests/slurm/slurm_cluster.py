@@ -81,7 +81,8 @@ class SlurmCluster:
             f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: a requeued job waits this long before it may run again (120 s)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
             f"StateSaveLocation={d}/state",
             f"SlurmdSpoolDir={d}/spool/%n",
             f"SlurmctldPidFile={d}/slurmctld.pid",
