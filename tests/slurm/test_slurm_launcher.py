@@ -211,9 +211,24 @@ def test_more_nodes_than_the_partition_stays_queued_with_slurms_reason(stack, da
         assert squeue.split() == ["PENDING", "PartitionConfig"]
         time.sleep(3)  # it stays so
         assert job(c, job_id)["status"] == "queued"
-        page = c.get(f"/jobs/{job_id}")
-        if page.status_code == 200:
-            assert "PartitionConfig" in page.text
+        page = c.get(f"/jobs/{job_id}").text
+        assert "in Slurm&#39;s queue" in page or "in Slurm's queue" in page
+        assert f"job {j['cluster']['job_id']} · PENDING" in page and "PartitionConfig" in page
+        want = f"Slurm: PartitionConfig (job {j['cluster']['job_id']})"
+        from typer.testing import CliRunner
+
+        from libreyolo_client import Client
+        from service.cli import app as cli_app
+
+        with Client(stack.url, token) as sdk:
+            info = sdk.job(job_id).info
+        assert info.status == "queued" and info.waiting == want
+        assert info.cluster is not None and info.cluster["reason"] == "PartitionConfig"
+        env = {"LIBREYOLO_URL": stack.url, "LIBREYOLO_TOKEN": token, "LIBREYOLO_NO_BROWSER": "1"}
+        shown = CliRunner().invoke(cli_app, ["jobs", "show", job_id], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert f": {want}" in shown.stdout
+        assert f"slurm:    job {j['cluster']['job_id']} PENDING (PartitionConfig)" in shown.stdout
         assert c.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
         done = finished(c, job_id, timeout=60)
     assert done["status"] == "cancelled", done
