@@ -268,8 +268,7 @@ def _try(session: Session, job: Waiting, queue: str, snap: QueueSnapshot, worker
          settings: Settings, where: NodeAddress | None, whole: bool = False) -> Claim | None:
     """Claim ``job`` (a node slot of a multi-node one, unless ``whole``) with its owner's
     row locked; commits a claim, rolls back otherwise."""
-    # Slurm's fair share (a cluster launcher with slurm_fair_share 'slurm'): no cap of ours
-    cap = 0 if whole and settings.slurm_fair_share == "slurm" else snap.caps.get(job.owner_id, 0)
+    cap = snap.caps.get(job.owner_id, 0)
     got: Claim | None = None
     if whole:
         if _take(session, job, queue, cap, worker_id, settings.lease_s):
@@ -321,6 +320,8 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
     live = live_queues(session, settings.worker_ttl_s).get(queue, 0)
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
+        if whole and settings.slurm_fair_share == "slurm":
+            snap.caps = {}  # Slurm's fair share and QoS decide: no per-user cap of ours
         # without an address a worker may not take a node slot: multi-node jobs are no
         # candidates (skipping them in the loop below would re-read the queue every round)
         # (nor is a gang whose every slot is held: it waits for its owner's cap)

@@ -53,6 +53,8 @@ class LaunchRequest:
         resume_spec: a ``job.json`` that resumes from ``last.pt``, for an allocation the
             cluster re-runs (a cluster launcher picks it when ``last.pt`` exists).
         last_pt: where ``last.pt`` appears.
+        previous: the job's ``jobs.cluster`` from an earlier attempt (a cluster launcher
+            cancels that cluster job if it still runs: its worker died).
     """
 
     job_id: str
@@ -68,6 +70,7 @@ class LaunchRequest:
     priority: int = 0
     resume_spec: Path | None = None
     last_pt: Path | None = None
+    previous: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

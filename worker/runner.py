@@ -394,7 +394,8 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     request = LaunchRequest(job_id=job_id, attempt=job.attempt, job_dir=run.job_dir,
                             spec_path=spec_path, log_path=log_path, argv=argv, env=env,
                             nodes=job.nodes, gpus=job.gpus, procs=job.procs,
-                            priority=job.priority, resume_spec=resume_spec, last_pt=last)
+                            priority=job.priority, resume_spec=resume_spec, last_pt=last,
+                            previous=job.cluster)
     try:
         engine = launcher.launch(request)
     except OSError as exc:

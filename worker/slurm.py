@@ -318,6 +318,7 @@ class SlurmLauncher:
         env = dict(request.env)
         if request.gpus > 0:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm gives each node its GPUs
+        self._cancel_previous(request, env)
         argv = sbatch_args(self.settings, request, script)
         log.info("job %s attempt %d: %s", request.job_id, request.attempt, " ".join(argv))
         try:
@@ -328,6 +329,20 @@ class SlurmLauncher:
             raise OSError(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
         slurm_id = done.stdout.strip().split(";")[0]
         return SlurmJob(slurm_id, request.job_id, env, self.settings.slurm_poll_s)
+
+    def _cancel_previous(self, request: LaunchRequest, env: dict[str, str]) -> None:
+        """``scancel`` an earlier attempt's Slurm job of this job that still runs (its
+        worker died and the reaper re-queued the job), so two never train at once; only a
+        job of our name (``ly-<job id>``)."""
+        old = str((request.previous or {}).get("job_id") or "")
+        if not old.isdigit():
+            return
+        prev = SlurmJob(old, request.job_id, env, 0.0)
+        fields = prev.refresh(force=True)
+        if prev.state in ACTIVE_STATES and fields.get("JobName") == f"ly-{request.job_id[:12]}":
+            log.warning("job %s: Slurm job %s of an earlier attempt still runs; scancel",
+                        request.job_id, old)
+            prev._cmd("scancel", old)
 
     def watch(self, engine: Any) -> ClusterNews | None:
         """:meth:`SlurmJob.news`."""

@@ -4,6 +4,7 @@ it) that submits them with sbatch, the real engine on CPU (Gloo), one rank per n
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -315,3 +316,32 @@ def test_node_down_mid_run_is_infrastructure_and_requeued(stack, long_data, slur
     assert done["attempt"] == 2 and done["cluster"]["restarts"] == 1
     assert [e["end_class"] for e in ends] == ["infrastructure"], ends
     assert "Slurm re-queued" in ends[0]["why"]
+
+
+def test_a_new_attempt_cancels_the_slurm_job_an_earlier_one_left(slurm, tmp_path, monkeypatch):
+    """The worker of attempt 1 died while its Slurm job ran on: attempt 2's launch cancels
+    that job (of our name only) before it submits its own."""
+    from service.settings import Settings
+    from worker.launcher import LaunchRequest
+    from worker.slurm import SlurmLauncher
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    job_id = "j0123456789abcdefslurm"
+    old = slurm.run("sbatch", "--parsable", f"--job-name=ly-{job_id[:12]}", "--nodes=1",
+                    f"--output={tmp_path / 'old.out'}", "--wrap", "sleep 300").stdout.strip()
+    other = slurm.run("sbatch", "--parsable", "--job-name=someone-else", "--nodes=1",
+                      f"--output={tmp_path / 'other.out'}", "--wrap", "sleep 300").stdout.strip()
+    launcher = SlurmLauncher(Settings(home=tmp_path, launcher="slurm", slurm_partition="debug"))
+    req = LaunchRequest(job_id=job_id, attempt=2, job_dir=tmp_path, spec_path=tmp_path / "job.json",
+                        log_path=tmp_path / "train.log", argv=[], env=dict(os.environ), nodes=1,
+                        previous={"launcher": "slurm", "job_id": old})
+    new = launcher.launch(req)
+    try:
+        wait_for(lambda: slurm.run("squeue", "-h", "-j", old, "-o", "%T").stdout.strip()
+                 in ("", "CANCELLED", "COMPLETING"), timeout=30, what="the old job cancelled")
+        assert slurm.run("squeue", "-h", "-j", other, "-o", "%T").stdout.strip() in (
+            "RUNNING", "PENDING")
+        assert new.slurm_id not in (old, other)
+    finally:
+        for j in (new.slurm_id, other, old):
+            slurm.run("scancel", j)
