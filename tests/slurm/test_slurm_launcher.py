@@ -345,3 +345,27 @@ def test_a_new_attempt_cancels_the_slurm_job_an_earlier_one_left(slurm, tmp_path
     finally:
         for j in (new.slurm_id, other, old):
             slurm.run("scancel", j)
+
+
+@pytest.mark.slow
+def test_time_limit_near_checkpoints_first(slurm, tmp_path, monkeypatch, long_data):
+    """``--time=2 --signal=B:USR1@80``: Slurm's USR1 reaches the batch script 40 s in, which
+    passes a SIGTERM to the engine on both nodes; rank 0 saves last.pt and the job fails
+    with the time limit named (a job end), before Slurm's TIMEOUT kills anything."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with fresh_database("sqlite", tmp_path / "db") as url:
+        s = Stack(url, tmp_path / "home")
+        s.slurm = s.slurm.model_copy(update={"slurm_time_limit": "2", "slurm_signal_s": 80})
+        try:
+            _, token = make_user(s.sessions)
+            with client(s.url, token) as c:
+                job_id = submit(c, long_data, nodes=2, procs=1, epochs=50)
+                s.run(job_id, "slurm")
+                done = finished(c, job_id, timeout=300)
+        finally:
+            s.stop()
+    assert done["status"] == "failed", done
+    assert done["end_class"] == "job" and "time limit is near" in done["end_reason"], done
+    assert done["cluster"]["state"] != "TIMEOUT", done
+    assert (s.slurm.artifact_root / job_id / "run" / "weights" / "last.pt").is_file()
