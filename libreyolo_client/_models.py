@@ -49,7 +49,9 @@ class JobInfo(_Model):
     ``gpus`` and ``procs`` are per node: a multi-node job (``nodes`` > 1) runs
     ``world_size`` = ``nodes`` x ``gpus`` (or ``procs``) ranks, and ``node_workers`` lists
     its nodes of the latest attempt (while it waits for its workers, the nodes claimed so
-    far); ``node_workers`` is None for a one-node job.
+    far); ``node_workers`` is None for a one-node job. A job run on Slurm has ``cluster``
+    (Slurm's job id, nodes, state and reason); while Slurm keeps it pending it is
+    ``queued`` and ``waiting`` says Slurm's reason (``"Slurm: Resources (job 12)"``).
     """
 
     id: str
@@ -93,6 +95,13 @@ class JobInfo(_Model):
     queue_position: int | None = None
     effective_priority: int | None = None
     estimated_start: datetime | None = None
+    #: a job the service ran on a cluster (its worker's launcher ``slurm``): ``launcher``,
+    #: ``job_id`` (Slurm's), ``nodes`` (Slurm's node list), ``state``, ``reason`` (why it
+    #: waits in Slurm's queue: ``Resources``, ``Priority``, ...), ``restarts``
+    cluster: dict[str, Any] | None = None
+    #: how the last attempt ended: ``infrastructure``, ``job`` or ``user``, and why
+    end_class: str | None = None
+    end_reason: str | None = None
 
     @property
     def done(self) -> bool:

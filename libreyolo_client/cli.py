@@ -160,6 +160,23 @@ def node_lines(info: JobInfo) -> list[str]:
     return out
 
 
+def cluster_line(info: JobInfo) -> str:
+    """``"slurm:    job 12 RUNNING on n[1-2]"`` (``(Resources)`` while it waits) for a job
+    run on a cluster; empty otherwise."""
+    c = info.cluster or {}
+    if not c.get("job_id"):
+        return ""
+    name = f"{c.get('launcher') or 'cluster'}:"
+    text = f"{name:<9} job {c['job_id']} {c.get('state') or ''}"
+    if c.get("nodes"):
+        text += f" on {c['nodes']}"
+    if c.get("reason"):
+        text += f" ({c['reason']})"
+    if c.get("restarts"):
+        text += f", re-queued {c['restarts']}x"
+    return text
+
+
 def queue_text(info: JobInfo) -> str:
     """``"#2 in queue cpu, starts ~14:05 UTC"`` for a queued job (empty when the service
     gave no position)."""
@@ -380,6 +397,8 @@ def show(
                       f"{'s' if i.infra_retries != 1 else ''})" if i.infra_retries else ""
             typer.echo(f"ended:    {i.end_class}: {i.end_reason or ''}{retries}".rstrip())
         for line in node_lines(i):
+            typer.echo(line)
+        if line := cluster_line(i):
             typer.echo(line)
         if i.status == "queued" and queue_text(i):
             typer.echo(f"queue:    {queue_text(i)} (priority {i.priority}, effective "

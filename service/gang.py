@@ -70,13 +70,15 @@ class NodeAddress:
 class Claim:
     """What a woken worker claimed: ``job_id``, its ``node_rank`` (0 for a one-node job),
     the ``attempt`` it serves, the job's ``nodes``, and ``started`` when the job is
-    running (a one-node job, or this claim completed the gang)."""
+    running (a one-node job, or this claim completed the gang); ``whole`` when this one
+    claim runs every node (a cluster launcher: Slurm allocates and starts the nodes)."""
 
     job_id: str
     node_rank: int
     attempt: int
     nodes: int
     started: bool
+    whole: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Status changes are the named transitions of :mod:`service.lifecycle`, made throu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,14 +32,14 @@ from service.lifecycle import (
     REQUEUE_INFRA,
     JobStatus,
 )
-from service.ops import transition
+from service.ops import append_events, transition
 from service.scheduler import claim as scheduler_claim
 from service.settings import Settings
 from service.storage import ArtifactStore
 from service.users import owns, visible_to
 
 __all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
-           "node_lost", "requeue_infra", "request_cancel", "expired_leases", "expire",
+           "node_lost", "requeue_infra", "set_cluster", "cluster_restarted", "request_cancel", "expired_leases", "expire",
            "DEFAULT_MAX_INFRA_RETRIES"]
 
 #: ``Settings.max_infra_retries``'s default (callers pass the setting)
@@ -79,11 +80,13 @@ def list_jobs(*, session: Session, user: User, statuses: Iterable[str] = (),
 
 
 def claim(*, session: Session, settings: Settings, worker_id: str, queue: str | None = None,
-          job_id: str | None = None, where: NodeAddress | None = None) -> Claim | None:
+          job_id: str | None = None, where: NodeAddress | None = None,
+          whole: bool = False) -> Claim | None:
     """Claim (``queued -> running``, the transition ``claim``) the best eligible job of
     ``queue``, or only ``job_id`` (its own queue when ``queue`` is None), for
     ``worker_id``: :func:`service.scheduler.claim`, which commits. With ``where`` (the
-    worker's address) a multi-node job may be claimed: one node slot of its gang.
+    worker's address) a multi-node job may be claimed: one node slot of its gang; with
+    ``whole`` (a cluster launcher) the whole job, in one claim.
 
     Returns:
         The claim, or None (no such job, or none of the queue may start now).
@@ -92,7 +95,8 @@ def claim(*, session: Session, settings: Settings, worker_id: str, queue: str | 
         queue = session.scalar(select(Job.queue).where(Job.id == job_id))
         if queue is None:
             return None
-    return scheduler_claim(session, queue, worker_id, settings, job_id=job_id, where=where)
+    return scheduler_claim(session, queue, worker_id, settings, job_id=job_id, where=where,
+                           whole=whole)
 
 
 def held_by(worker_id: str) -> list[Any]:
@@ -207,6 +211,42 @@ def node_lost(*, session: Session, job_id: str, worker_id: str, reason: str,
                       finished_at=now, error={"reason": why, "exit_code": None},
                       event={"reason": why, **end}, **lost)
     return JobStatus.FAILED if done else None
+
+def set_cluster(*, session: Session, job_id: str, worker_id: str,
+                cluster: dict[str, Any]) -> bool:
+    """Store the cluster manager's view of ``worker_id``'s attempt (``jobs.cluster``: the
+    cluster's job id, nodes, state, waiting reason; :mod:`worker.slurm`). Only while
+    ``worker_id`` holds the lease; returns whether it did."""
+    done = session.execute(update(Job).where(Job.id == job_id, *held_by(worker_id))
+                           .values(cluster=cluster).returning(Job.id)).first()
+    return done is not None
+
+
+def cluster_restarted(*, session: Session, job_id: str, worker_id: str, why: str,
+                      cluster: dict[str, Any], store: ArtifactStore) -> int | None:
+    """The cluster re-queued the job's allocation itself (a preemption, a node failure,
+    ``scontrol requeue``): an infrastructure end of the attempt, and the same cluster job
+    runs the next one, attempt N+1, which resumes from ``last.pt``. The job stays held by
+    ``worker_id`` (it keeps watching); a ``status`` event says why.
+
+    Returns:
+        The new attempt number, or None when ``worker_id`` no longer holds the job.
+    """
+    row = session.execute(select(Job.attempt, Job.status)
+                          .where(Job.id == job_id, *held_by(worker_id))).first()
+    if row is None:
+        return None
+    attempt, status = row
+    reason = f"infrastructure: {why}; attempt {attempt + 1} resumes in the same cluster job, " \
+             f"{store.resume_note(job_id)}"
+    event = ("status", time.time(),
+             {"event": "status", "status": status, "reason": reason, "end_class": INFRASTRUCTURE, "why": why,
+              "attempt": attempt + 1})
+    last = append_events(session, job_id, [event], where=held_by(worker_id),
+                         attempt=attempt + 1, infra_retries=Job.infra_retries + 1,
+                         end_class=INFRASTRUCTURE, end_reason=why, cluster=cluster)
+    return None if last is None else attempt + 1
+
 
 
 def requeue_infra(*, session: Session, job_id: str, worker_id: str, why: str,

@@ -265,12 +265,15 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
 
 
 def _try(session: Session, job: Waiting, queue: str, snap: QueueSnapshot, worker_id: str,
-         settings: Settings, where: NodeAddress | None) -> Claim | None:
-    """Claim ``job`` (a node slot of a multi-node one) with its owner's row locked; commits
-    a claim, rolls back otherwise."""
+         settings: Settings, where: NodeAddress | None, whole: bool = False) -> Claim | None:
+    """Claim ``job`` (a node slot of a multi-node one, unless ``whole``) with its owner's
+    row locked; commits a claim, rolls back otherwise."""
     cap = snap.caps.get(job.owner_id, 0)
     got: Claim | None = None
-    if job.nodes > 1 and where is not None:
+    if whole:
+        if _take(session, job, queue, cap, worker_id, settings.lease_s):
+            got = Claim(job.id, 0, job.attempt + 1, job.nodes, True, whole=True)
+    elif job.nodes > 1 and where is not None:
         got = take_slot(session, job_id=job.id, attempt=job.attempt + 1, nodes=job.nodes,
                         worker_id=worker_id, where=where, lease_s=settings.lease_s, cap=cap)
     elif _take(session, job, queue, cap, worker_id, settings.lease_s):
@@ -284,13 +287,14 @@ def _try(session: Session, job: Waiting, queue: str, snap: QueueSnapshot, worker
 
 def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
           job_id: str | None = None, now: datetime | None = None,
-          where: NodeAddress | None = None) -> Claim | None:
+          where: NodeAddress | None = None, whole: bool = False) -> Claim | None:
     """Claim the best eligible queued job of ``queue`` for ``worker_id`` (or only
     ``job_id``, when given): ``running``, ``attempt += 1``, a lease of
     ``settings.lease_s``, and its ``status`` event, committed. For a multi-node job the
     claim is one node slot (:func:`service.gang.take_slot`; the job starts when its last
     slot is taken), which needs ``where`` (the worker's address and a free port); without
-    it multi-node jobs are passed over.
+    it multi-node jobs are passed over. With ``whole`` (a cluster launcher, which runs
+    every node of a job itself: :mod:`worker.slurm`) a multi-node job is claimed as one.
 
     Candidates are tried in :func:`claim_order`; a candidate taken by another worker in the
     meantime (or whose owner reached the cap meanwhile) is skipped, with at most one try
@@ -316,11 +320,13 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
     live = live_queues(session, settings.worker_ttl_s).get(queue, 0)
     for _ in range(CLAIM_ROUNDS):
         snap = read_queue(session, queue, settings, now=now, job_id=job_id)
+        if whole and settings.slurm_fair_share == "slurm":
+            snap.caps = {}  # Slurm's fair share and QoS decide: no per-user cap of ours
         # without an address a worker may not take a node slot: multi-node jobs are no
         # candidates (skipping them in the loop below would re-read the queue every round)
         # (nor is a gang whose every slot is held: it waits for its owner's cap)
         order = [w for w in claim_order(snap, settings.aging_minutes)
-                 if w.nodes == 1 or (where is not None and w.gathered < w.nodes
+                 if w.nodes == 1 or whole or (where is not None and w.gathered < w.nodes
                                      and (live == 0 or w.nodes <= live))]
         session.rollback()  # end the read; each try is its own transaction
         if not order:
@@ -335,12 +341,12 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
                 session.rollback()
                 busy.append(job)
                 continue
-            got = _try(session, job, queue, snap, worker_id, settings, where)
+            got = _try(session, job, queue, snap, worker_id, settings, where, whole)
             if got is not None:
                 return got
         for job in busy[:1]:  # nothing else was free: wait for the best one
             _lock_owner(session, job.owner_id, skip_locked=False)
-            got = _try(session, job, queue, snap, worker_id, settings, where)
+            got = _try(session, job, queue, snap, worker_id, settings, where, whole)
             if got is not None:
                 return got
     log.warning("claim in queue %s: %d rounds lost to other workers; giving up (the next "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -153,6 +153,34 @@ class Settings(BaseSettings):
         "job.json path, '{nproc}' by the rank count (per node), '{nnodes}' by the job's nodes "
         "and '{node_rank}' by this worker's node. For tests and custom engines."
     )
+    launcher: Literal["local", "slurm"] = Field(
+        "local", description="how a worker runs a job (worker.launcher): 'local' starts "
+        "torchrun on this host (a multi-node job is a gang of workers); 'slurm' submits it "
+        "with sbatch from this host (the submit host) and Slurm runs srun torchrun on the "
+        "nodes it allocates; the run folder (artifact_root) must be on storage they share")
+    slurm_partition: str | None = Field(None, description="sbatch --partition (none: Slurm's "
+                                        "default partition)")
+    slurm_account: str | None = Field(None, description="sbatch --account")
+    slurm_qos: str | None = Field(None, description="sbatch --qos")
+    slurm_time_limit: str | None = Field(
+        None, description="sbatch --time (Slurm's format, e.g. '04:00:00' or '2-00:00:00'); "
+        "none: the partition's limit. The engine checkpoints slurm_signal_s before it")
+    slurm_extra_args: list[str] = Field(
+        default_factory=list, description="more sbatch arguments (JSON list), e.g. "
+        "[\"--constraint=a100\", \"--exclusive\"]")
+    slurm_signal_s: int = Field(
+        60, ge=1, description="sbatch --signal=B:USR1@<this>: seconds before the time limit "
+        "(or on a preemption) that the engine is told to save last.pt and stop")
+    slurm_port_base: int = Field(
+        29500, ge=1024, le=60000, description="the torchrun rendezvous port of a Slurm job is "
+        "this + (Slurm job id mod 1000), on its first node")
+    slurm_poll_s: float = Field(1.0, gt=0, description="how often the worker asks Slurm "
+                                "(squeue/scontrol) about a job it submitted")
+    slurm_fair_share: Literal["ours", "slurm"] = Field(
+        "ours", description="'ours': our scheduler picks what to submit and when (priority, "
+        "aging, the per-user cap, as for local workers); 'slurm': every job is submitted as "
+        "soon as a worker takes its message, without our per-user cap, with the job's "
+        "priority as sbatch --nice, and Slurm's fair share and QoS decide the order")
     log_tail_lines: int = Field(40, ge=1, description="log lines kept in a failed job's error")
     gpu_hour_price: float | None = Field(
         None, gt=0, description="price of one GPU hour: a train job's preflight estimate "

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,6 +55,14 @@ from service.storage import ArtifactStore, artifact_kind, sha256_file
 from service.storage.roots import data_refusal
 from worker import nodes
 from worker.launch import CommandBuilder, NodeLaunch, build_command, build_env, job_spec, world_size
+from worker.launcher import (
+    ClusterNews,
+    Engine,
+    Launcher,
+    LaunchRequest,
+    LocalLauncher,
+    make_launcher,
+)
 from worker.outcome import (
     CANCEL,
     ENGINE_ERROR_FILE,
@@ -66,7 +74,7 @@ from worker.outcome import (
     exit_outcome,
     read_engine_error,
 )
-from worker.process import EngineProcess, kill_leftovers, spawn_engine
+from worker.process import EngineProcess, kill_leftovers
 from worker.result import result_summary
 from worker.supervise import Outage
 from worker.tail import Observed, Tail
@@ -94,6 +102,7 @@ class _Run:
         self.kind = job.kind
         # rows read but not yet committed (a database outage): written first next time
         self._pending: tuple[list[Any], int, int] | None = None
+        self._news: list[ClusterNews] = []  # the cluster's news not yet written (a cluster launcher)
 
     # -- database (through service.job_store) ------------------------------------------
     def _mine(self) -> list[Any]:
@@ -141,6 +150,26 @@ class _Run:
         self.events.offset, self.log.offset = ev_off, log_off
         return True
 
+    def cluster_news(self, news: ClusterNews | None) -> None:
+        """Write the cluster's view of the attempt (``jobs.cluster``) and, when the cluster
+        re-ran the allocation, count attempt N+1 (:func:`service.job_store.cluster_restarted`);
+        news that a database outage kept back goes first."""
+        if news is not None:
+            self._news.append(news)
+        while self._news:
+            item = self._news[0]
+            with self.sessions() as s:
+                if item.restarted:
+                    log.warning("job %s: %s", self.job_id, item.restarted)
+                    job_store.cluster_restarted(session=s, job_id=self.job_id,
+                                                worker_id=self.worker_id, why=item.restarted,
+                                                cluster=item.cluster, store=self.store)
+                else:
+                    job_store.set_cluster(session=s, job_id=self.job_id,
+                                          worker_id=self.worker_id, cluster=item.cluster)
+                s.commit()
+            self._news.pop(0)
+
     def record_pid(self, pid: int) -> None:
         with self.sessions() as s:
             s.execute(update(Job).where(Job.id == self.job_id, *self._mine())
@@ -187,9 +216,10 @@ def _claim(sessions: sessionmaker[Session], settings: Settings, worker_id: str, 
     (:func:`service.job_store.claim`; a node slot of a multi-node job when this worker's
     ``worker_addr`` works); the claim, or None."""
     where = nodes.address(settings)
+    whole = make_launcher(settings).whole  # a cluster launcher claims every node at once
     with sessions() as s:
         return job_store.claim(session=s, settings=settings, worker_id=worker_id, queue=queue,
-                               job_id=job_id, where=where)
+                               job_id=job_id, where=where, whole=whole)
 
 
 def run_job(job_id: str, *, settings: Settings, sessions: sessionmaker[Session],
@@ -327,7 +357,8 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     store = ArtifactStore(settings.artifact_root)
     run = _Run(job, settings=settings, sessions=sessions, worker_id=worker_id, store=store)
     run.job_dir.mkdir(parents=True, exist_ok=True)
-    multi = claim.nodes > 1
+    launcher = make_launcher(settings)
+    multi = claim.nodes > 1 and not claim.whole  # a gang of our workers
     leftovers = kill_leftovers(job.pid, run.job_dir) if job.pid and claim.node_rank == 0 else 0
     if multi:
         leftovers += nodes.kill_earlier(sessions, job_id, claim.attempt, run.job_dir)
@@ -353,6 +384,13 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
                     cache_dir=settings.cache_root)
     spec_path, log_path, error_file = nodes.node_files(run.job_dir, claim.node_rank)
     spec.write(spec_path)
+    resume_spec = last = None
+    if launcher.whole:  # the cluster may re-run the allocation: it resumes from last.pt
+        last = run.run_dir / "weights" / "last.pt"
+        resume_spec = run.job_dir / "job.resume.json"
+        job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
+                 gpus=job.gpus, job_dir=run.job_dir, resume=str(last),
+                 options=job.options).write(resume_spec)
     launch: NodeLaunch | None = None
     if multi:
         try:
@@ -379,28 +417,31 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
         env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
     where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
     log.info("job %s attempt %d%s: %s", job_id, job.attempt, where, " ".join(argv))
-    with open(log_path, "ab") as logf:
-        try:
-            proc = spawn_engine(argv, cwd=run.job_dir, log_file=logf, env=env)
-        except OSError as exc:
-            if claim.node_rank:
-                return f"node {claim.node_rank}: could not start the engine: {exc}"
-            run.finish(JobStatus.FAILED, result=None,
-                       error={"reason": f"could not start the engine: {exc}", "exit_code": None},
-                       event={"reason": "launch failed"})
-            return JobStatus.FAILED
+    request = LaunchRequest(job_id=job_id, attempt=job.attempt, job_dir=run.job_dir,
+                            spec_path=spec_path, log_path=log_path, argv=argv, env=env,
+                            nodes=job.nodes, gpus=job.gpus, procs=job.procs,
+                            priority=job.priority, resume_spec=resume_spec, last_pt=last,
+                            previous=job.cluster)
+    try:
+        engine = launcher.launch(request)
+    except OSError as exc:
+        if claim.node_rank:
+            return f"node {claim.node_rank}: could not start the engine: {exc}"
+        run.finish(JobStatus.FAILED, result=None,
+                   error={"reason": f"could not start the engine: {exc}", "exit_code": None},
+                   event={"reason": "launch failed"})
+        return JobStatus.FAILED
     if multi:
         with sessions() as s:
             gang.record_node_pid(s, job_id=job_id, attempt=claim.attempt,
-                                 node_rank=claim.node_rank, worker_id=worker_id, pid=proc.pid)
+                                 node_rank=claim.node_rank, worker_id=worker_id, pid=engine.pid)
             s.commit()
-    engine = EngineProcess(proc, job_id)
     if claim.node_rank:
-        return nodes.follow(engine, claim, settings=settings, sessions=sessions,
+        return nodes.follow(cast(EngineProcess, engine), claim, settings=settings, sessions=sessions,
                             worker_id=worker_id, stop=stop, log_path=log_path)
-    run.record_pid(proc.pid)
+    run.record_pid(engine.pid)
     peers = nodes.Peers(sessions, claim, worker_id, settings) if multi else None
-    return _watch(run, engine, job, stop, on_requeue, peers)
+    return _watch(run, engine, job, stop, on_requeue, peers, launcher)
 
 
 #: the job folder's fence file: the token of the attempt that holds the job
@@ -423,13 +464,15 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | None,
-           on_requeue: Any, peers: nodes.Peers | None = None) -> str:
+def _watch(run: _Run, engine: Engine, job: Job, stop: threading.Event | None,
+           on_requeue: Any, peers: nodes.Peers | None = None,
+           launcher: Launcher | None = None) -> str:
     """Pump events, renew the lease and poll for a cancel until the engine exits; stop it
     (:class:`worker.process.EngineProcess`) on a cancel, a worker shutdown, the time budget,
     a lost lease, or (node 0 of a multi-node job, ``peers``) a lost node. Returns the job's
     status as :func:`run_job` does."""
     settings = run.settings
+    launcher = launcher or LocalLauncher()
     started = time.monotonic()
     next_beat = started + settings.heartbeat_s
     lost = False
@@ -439,6 +482,7 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
         now = time.monotonic()
         if outage.due(now):
             try:
+                run.cluster_news(launcher.watch(engine))  # Slurm's job id, state, reason
                 wrote = run.pump()
                 now = time.monotonic()
                 if wrote is None:
@@ -512,6 +556,8 @@ def _watch(run: _Run, engine: EngineProcess, job: Job, stop: threading.Event | N
     outcome = exit_outcome(rc, stop_reason=engine.stop_reason, run_end=run.seen.run_end,
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
+    outcome = launcher.classify(engine, outcome)  # the cluster's own ends (Slurm's states)
+    outage.retry(lambda: run.cluster_news(launcher.watch(engine)))
     if outcome.status == JobStatus.FAILED and outcome.end_class == INFRASTRUCTURE:
         return _requeue_infra(run, job, outcome, outage, on_requeue)
     result = result_summary(run.seen, run.run_dir, run.kind)

@@ -86,6 +86,7 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
         out.started_from = describe_model_ref(session, settings, job.model)["short"]
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live, job.nodes)
+    cluster_waiting(out)
     where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     if where is not None:
         out.queue_position = where.position
@@ -101,6 +102,17 @@ def _public_json(value: dict[str, Any] | None, settings: Any) -> dict[str, Any] 
     text = json.dumps(value)
     public = public_text(text, settings)
     return value if public == text else json.loads(public)
+
+
+def cluster_waiting(out: JobPublic) -> None:
+    """A job its worker submitted to a cluster that still waits there (Slurm: PENDING) is
+    ``queued`` in the API, ``waiting`` with the cluster's reason (``Slurm: Resources``)."""
+    cluster = out.cluster or {}
+    if out.status == JobStatus.RUNNING and cluster.get("state") in ("PENDING", "REQUEUED"):
+        out.status = "queued"
+        name = str(cluster.get("launcher") or "cluster").capitalize()
+        reason = cluster.get("reason") or "waiting for resources"
+        out.waiting = f"{name}: {reason} (job {cluster.get('job_id')})"
 
 
 def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str, int],

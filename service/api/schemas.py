@@ -97,7 +97,15 @@ class JobPublic(BaseModel):
         "claimed so far; null for a one-node job")
     priority: int
     queue: str
-    status: JobStatusName
+    status: JobStatusName = Field(description="queued, running, cancelling, succeeded, "
+                                  "failed or cancelled; a job a cluster launcher submitted "
+                                  "that waits in the cluster's queue (Slurm: PENDING) is "
+                                  "queued, and `waiting` says Slurm's reason")
+    cluster: dict[str, Any] | None = Field(
+        None, description="a job run by a cluster launcher (the worker setting launcher "
+        "'slurm'): launcher, job_id (Slurm's job id), nodes (the nodes it runs on, Slurm's "
+        "list, e.g. 'n[1-2]'), state (PENDING, RUNNING, COMPLETED, ...), reason (why it "
+        "waits: Resources, Priority, QOSMaxJobsPerUser, ...), restarts; null otherwise")
     attempt: int = Field(description="runs started so far (1 on the first run)")
     max_attempts: int
     end_class: str | None = Field(
@@ -126,6 +134,10 @@ class JobPublic(BaseModel):
         "answer, expected_epoch_s), also when cancelled (what was measured)")
     error: dict[str, Any] | None = Field(
         None, description="on failure: reason, exit_code, log_tail")
+    end_class: str | None = Field(
+        None, description="how the last attempt ended: infrastructure, job or user "
+        "(service.ends); null while the first attempt runs or after a success")
+    end_reason: str | None = Field(None, description="why the last attempt ended so")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -123,6 +123,11 @@ class Job(Base):
     end_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: re-queues after infrastructure ends (their own budget, ``max_infra_retries``)
     infra_retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: the cluster manager's view of the attempt (migration 0009s; :mod:`worker.slurm`):
+    #: ``launcher``, ``job_id`` (Slurm's), ``nodes`` (its node list), ``state`` (PENDING,
+    #: RUNNING, ...), ``reason`` (Slurm's waiting reason), ``restarts``; None for the
+    #: local launcher
+    cluster: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -341,3 +341,20 @@ def test_outlook_without_history_or_eta_is_unknown(settings, sessions, new_queue
         assert view[waiting].position == 1 and view[waiting].estimated_start is None
         s.query(WorkerRow).filter_by(name=f"w-{q}").delete()
         s.commit()
+
+
+def test_whole_claim_of_a_cluster_launcher_and_slurms_fair_share(settings, sessions, new_queue):
+    """A cluster launcher (whole=True) claims a 3-node job as one (no gang, no live worker
+    count); with slurm_fair_share 'ours' the owner's cap holds, with 'slurm' it does not
+    (Slurm's fair share decides)."""
+    q = new_queue()
+    a, _ = new_user(sessions, cap=1)
+    big = add_job(sessions, a, q, nodes=3, params={"epochs": 1, "batch": 3})
+    second = add_job(sessions, a, q)
+    with sessions() as s:
+        got = claim(s, q, "w1", settings, whole=True)
+    assert got is not None and (got.job_id, got.nodes, got.started, got.whole) == (big, 3, True, True)
+    assert row(sessions, big).status == "running" and row(sessions, big).attempt == 1
+    assert take(sessions, q, settings, whole=True) is None  # ours: the cap of 1 holds
+    theirs = settings.model_copy(update={"slurm_fair_share": "slurm"})
+    assert take(sessions, q, theirs, whole=True) == second
