@@ -24,6 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from libreyolo_core.distributed.parent import die_with_parent
+from service.admin_db import HomeOption, admin_settings, require_database
 from service.credentials import save_credentials, saved_token
 from service.settings import Settings
 from service.users_cli import users_app
@@ -77,11 +78,12 @@ def _settings() -> Settings:
 
 
 @db_app.command("upgrade")
-def db_upgrade(revision: str = "head") -> None:
+def db_upgrade(revision: str = "head", home: HomeOption = None) -> None:
     """Apply the Alembic migrations (creates the tables on a new database)."""
     from service.db.migrate import upgrade
 
-    settings = _settings()
+    settings = admin_settings(home)
+    settings.ensure_dirs()
     upgrade(settings.database_url, revision)
     typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
 
@@ -111,12 +113,14 @@ def _create_token(settings: Settings, name: str, admin: bool) -> str:
 def token_create(
     name: Annotated[str, typer.Option(help="user name (created if new)")],
     admin: Annotated[bool, typer.Option(help="the user sees every job")] = False,
+    home: HomeOption = None,
 ) -> None:
-    """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept)."""
-    from service.db.migrate import upgrade
+    """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept).
 
-    settings = _settings()
-    upgrade(settings.database_url)
+    It writes the service's existing database (the one `up` made under LIBREYOLO_HOME, by
+    default ./.libreyolo) and names it on stderr; it creates none."""
+    settings = admin_settings(home)
+    require_database(settings, home)
     typer.echo(_create_token(settings, name, admin))
 
 
