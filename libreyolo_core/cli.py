@@ -221,7 +221,7 @@ def cmd_checks(keys: dict[str, Any]) -> int:
     """Scan every split of the dataset and print its report; exit 1 if a split is unusable."""
     from libreyolo_core.data.config import load_data_config
     from libreyolo_core.data.report import DatasetError, format_report
-    from libreyolo_core.data.scan import scan_split
+    from libreyolo_core.data.scan import require_trainable, scan_split
 
     _check_keys("checks", keys)
     if not keys.get("data"):
@@ -241,10 +241,12 @@ def cmd_checks(keys: dict[str, Any]) -> int:
         seen[key] = split
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            report = None
             try:
                 report = scan_split(dc, split)
+                require_trainable(report, split)
             except DatasetError as exc:
-                report, ok = None, False
+                ok = False
                 print(f"[{split}] error: {exc}")
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)

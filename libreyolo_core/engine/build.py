@@ -23,7 +23,7 @@ from libreyolo_core.config import TrainConfig
 from libreyolo_core.data.config import DataConfig
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.loader import build_dataloader
-from libreyolo_core.data.scan import scan_split
+from libreyolo_core.data.scan import require_trainable, scan_split
 from libreyolo_core.distributed.autobatch import autobatch
 from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.distributed.context import (
@@ -153,7 +153,7 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:
     """The train split's scan report and the val split's (the train split when the yaml
     has no ``val:``; None unless ``val`` and rank 0)."""
-    train_report = scan_split(data, "train")
+    train_report = require_trainable(scan_split(data, "train"), "train")
     val_split = "val" if data.val else "train"
     if val_split == "train" and cfg.val and main:
         log.warning("%s has no 'val:' split: validating on the train split (its metrics "

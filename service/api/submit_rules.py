@@ -238,9 +238,13 @@ def resolve_data(session: Session, user: User, data: str, check: bool, settings:
 
 
 def _scan_reason(report: dict[str, Any] | None) -> str:
-    """The last line a failed dataset scan printed (its error), or its exit code."""
+    """The error lines a failed dataset scan printed (``[split] error: ...``), else its
+    last line, or its exit code."""
     report = report or {}
     lines = [ln.strip() for ln in str(report.get("error") or report.get("output") or "")
              .splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error:" in ln and not ln.startswith("warning:")]
+    if errors:
+        return "; ".join(errors)
     return lines[-1] if lines else f"the scan exited with {report.get('exit_code')}"
 

@@ -154,3 +154,19 @@ def test_a_lost_peer_is_one_line_not_a_traceback(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert _exit_for(gloo) == EXIT_RUNTIME
     assert "RuntimeError: [../third_party/gloo" in capsys.readouterr().err
+
+
+def test_train_without_a_usable_box_exits_3_before_training(tmp_path):
+    """#28.2: every label's class outside names: a data error (exit 3) naming why, no
+    epoch run, no weights written."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    for lf in yaml_path.parent.rglob("labels/**/*.txt"):
+        lf.write_text("".join("7 " + ln.split(" ", 1)[1] + "\n"
+                              for ln in lf.read_text().splitlines() if ln.strip()))
+    out = libreyolo("train", "model=yolo9-t", f"data={yaml_path}", "epochs=1", "imgsz=64",
+                    "batch=2", "device=cpu", f"project={tmp_path / 'runs'}", "workers=0")
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "no usable box in 4 images" in out.stderr and "Traceback" not in out.stderr
+    assert not list((tmp_path / "runs").rglob("*.pt"))
