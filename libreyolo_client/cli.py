@@ -297,9 +297,12 @@ def submit(
     time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f",
                                           help="follow with a progress bar until done")] = False,
+    batch: Annotated[int | None, typer.Option(help="images per step: the same as batch=N")] = None,
     repeat: Annotated[int | None, typer.Option(help="tune: trials per configuration")] = None,
-    steps: Annotated[int | None, typer.Option(help="tune: measured steps per trial")] = None,
-    warmup: Annotated[int | None, typer.Option(help="tune: discarded steps per trial")] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="tune: measured steps per trial; profile: measured steps (profile_steps)")] = None,
+    warmup: Annotated[int | None, typer.Option(
+        help="tune: discarded steps per trial; profile: discarded steps (profile_warmup)")] = None,
     max_candidates: Annotated[int | None, typer.Option(
         help="tune: configurations tried besides the baseline")] = None,
     budget_s: Annotated[float | None, typer.Option(help="tune: time budget, s")] = None,
@@ -308,18 +311,35 @@ def submit(
 ) -> None:
     """Submit a job and print its id (with -f: follow it to the end). ``--kind tune`` takes
     the tune options (--repeat, --steps, --warmup, --max-candidates, --budget-s,
-    --min-gain); ``preflight=true`` asks a train job for its estimate first."""
+    --min-gain); ``--kind profile`` takes --steps and --warmup (its window, the keys
+    profile_steps and profile_warmup), as ``libreyolo profile run`` does; --batch N is
+    batch=N; ``preflight=true`` asks a train job for its estimate first."""
+    keys = parse_params(params or [])
+    flag_keys = {"batch": batch}
+    if kind == "profile":  # the window flags of `libreyolo profile run`, as training keys
+        flag_keys |= {"profile_steps": steps, "profile_warmup": warmup}
+        steps = warmup = None
+    for key, value in flag_keys.items():
+        if value is None:
+            continue
+        if key in keys and keys[key] != value:
+            typer.secho(f"error: {key}={keys[key]} and its flag say {value}: give one", fg="red",
+                        err=True)
+            raise typer.Exit(2)
+        keys[key] = value
     options = {k: v for k, v in (("repeat", repeat), ("steps", steps), ("warmup", warmup),
                                  ("max_candidates", max_candidates), ("budget_s", budget_s),
                                  ("min_gain", min_gain)) if v is not None}
     if options and kind != "tune":
-        typer.secho(f"error: --{next(iter(options)).replace('_', '-')} is a tune option: use it "
-                    "with --kind tune", fg="red", err=True)
+        first = next(iter(options)).replace("_", "-")
+        also = " (or with --kind profile)" if first in ("steps", "warmup") else ""
+        typer.secho(f"error: --{first} is a tune option: use it with --kind tune{also}",
+                    fg="red", err=True)
         raise typer.Exit(2)
     with _client() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
         job = c.submit(kind, model, data, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
-                       time_budget_s=time_budget_s, params=parse_params(params or []),
+                       time_budget_s=time_budget_s, params=keys,
                        tune=options if kind == "tune" else None)
         typer.echo(job.id)
         for text in job.info.warnings:
