@@ -8,7 +8,8 @@ from typing import Any, TextIO
 
 from libreyolo_client._models import Event
 
-__all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text"]
+__all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text",
+           "verdict_text", "unreliable_reasons"]
 
 
 def format_bytes(n: float) -> str:
@@ -27,6 +28,34 @@ def significance_word(value: Any) -> str:
     """A ``tune_candidate`` event's ``significant`` field in words: ``significant``,
     ``not significant``, or ``no call`` (absent or null: too few trials to tell)."""
     return _SIGNIFICANCE.get(value, "no call")
+
+
+def _confidence(d: dict[str, Any]) -> dict[str, Any]:
+    conf = d.get("confidence")
+    if not isinstance(conf, dict):  # a job's result holds the profile event under "profile"
+        conf = (d.get("profile") or {}).get("confidence") if isinstance(d.get("profile"), dict) else None
+    return conf if isinstance(conf, dict) else {}
+
+
+def verdict_text(d: dict[str, Any]) -> str:
+    """A profile verdict in one line, flagged as ``profile.json``, the page and the engine
+    CLI flag it: ``dataloader UNRELIABLE (few_steps, loaded): <why>`` (``d``: a
+    ``profile`` event, or a job's result, whose ``profile`` holds the event)."""
+    conf = _confidence(d)
+    text = str(d.get("verdict"))
+    if conf.get("reliable") is False:
+        flags = ", ".join(conf.get("flags") or []) or "see its reasons"
+        text += f" UNRELIABLE ({flags})"
+    return f"{text}: {d.get('bound_why') or '(no reason given)'}"
+
+
+def unreliable_reasons(d: dict[str, Any]) -> str | None:
+    """Why a verdict is unreliable and what to do, one sentence (None when reliable or
+    not recorded)."""
+    conf = _confidence(d)
+    if conf.get("reliable") is not False:
+        return None
+    return "; ".join(conf.get("reasons") or []) + (f". {conf['advice']}" if conf.get("advice") else "")
 
 
 def progress_text(d: dict) -> str:
@@ -135,7 +164,7 @@ class EventPrinter:
             self.stream.flush()
             self._live = True
         elif name == "profile":
-            self._line(f"profile verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+            self._line(f"profile verdict: {verdict_text(d)}")
         elif name == "preflight":
             self._line(f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
                        f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s")

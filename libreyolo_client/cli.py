@@ -30,6 +30,8 @@ from libreyolo_client._progress import (
     progress_text,
     significance_word,
     status_text,
+    unreliable_reasons,
+    verdict_text,
 )
 
 __all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text", "node_lines"]
@@ -129,7 +131,7 @@ def _summary(info: JobInfo) -> str:
         if res.get("answer"):  # a tune job
             return str(res["answer"])
         if res.get("verdict"):
-            return f"verdict {res['verdict']}"
+            return f"verdict {verdict_text(res).split(':', 1)[0]}"
         return format_metrics(res.get("metrics"), ("mAP50-95",))
     if info.status == "failed":
         return str((info.error or {}).get("reason", ""))
@@ -209,7 +211,7 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                 bar.console.print(f"epoch {d.get('epoch')}/{d.get('epochs')}  {losses}  "
                                   f"{format_metrics(d.get('metrics'))}")
             elif name == "profile":
-                bar.console.print(f"verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+                bar.console.print(f"verdict: {verdict_text(d)}", markup=False, highlight=False)
             elif name == "progress" and d.get("phase") == "tuning" and d.get("trials_planned"):
                 bar.update(task, total=int(d["trials_planned"]),
                            completed=int(d.get("trials_done") or 0),
@@ -233,7 +235,7 @@ def _print_final(info: JobInfo) -> None:
     if res.get("metrics"):
         line += "  " + format_metrics(res["metrics"])
     if res.get("verdict") and not res.get("tune"):
-        line += f"  verdict {res['verdict']}: {res.get('bound_why') or ''}"
+        line += f"  verdict {verdict_text(res)}"
     typer.echo(line)
     if isinstance(res.get("tune"), dict):
         typer.echo(tune_table(res["tune"]))
@@ -412,7 +414,9 @@ def show(
             typer.echo(f"best:     epoch {res.get('best_epoch')}  "
                        f"{format_metrics(res.get('metrics'))}")
             if res.get("verdict"):
-                typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
+                typer.echo(f"verdict:  {verdict_text(res)}")
+                if unreliable_reasons(res):
+                    typer.echo(f"          UNRELIABLE: {unreliable_reasons(res)}")
                 lever = res.get("lever") or {}
                 if lever:
                     tried = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())

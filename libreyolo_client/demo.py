@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_client import Client, JobError, LibreYOLOError
-from libreyolo_client._progress import format_metrics
+from libreyolo_client._progress import format_metrics, verdict_text
 
 REPO = Path(__file__).resolve().parents[1]
 #: the easy synthetic set: 2 classes (circle, square), shapes 30-60 % of the short side,
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 profile.wait(progress=True)
                 res = profile.result or {}
                 if res.get("verdict"):
-                    verdict = f"{res['verdict']}: {res.get('bound_why') or '(no reason given)'}"
+                    verdict = verdict_text(res)
                 if any(a.path == "timeline.html" for a in profile.artifacts()):
                     timeline = profile.download("timeline.html",
                                                 out / profile.id / "timeline.html")

@@ -186,3 +186,32 @@ def test_submit_nodes_then_show_and_list_each_node(cli, stack, data_yaml):
     listed = next(ln for ln in cli("list").stdout.splitlines() if ln.startswith(single))
     assert "nodes" not in listed
     cli("cancel", single)
+
+
+def test_an_unreliable_verdict_says_so_in_show_list_and_follow(cli, stack, data_yaml):
+    """#28.6: the flag that profile.json, the page and the engine CLI carry."""
+    from libreyolo_client._progress import verdict_text
+    from service.db.models import Job
+
+    r = cli("submit", "--kind", "profile", "--data", data_yaml, "--gpus", "0")
+    job_id = r.stdout.split()[0]
+    conf = {"reliable": False, "flags": ["few_steps", "loaded"],
+            "reasons": ["only 2 unsynced steps", "other processes took 60% of the CPU"],
+            "advice": "profile again with --repeat 3"}
+    result = {"status": "completed", "verdict": "dataloader", "bound_why": "data wait 70%",
+              "profile": {"verdict": "dataloader", "confidence": conf}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status, job.result = "succeeded", result
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "verdict:  dataloader UNRELIABLE (few_steps, loaded): data wait 70%" in out, out
+    assert ("UNRELIABLE: only 2 unsynced steps; other processes took 60% of the CPU. profile "
+            "again with --repeat 3") in out
+    listed = [ln for ln in cli("list").stdout.splitlines() if ln.startswith(job_id)]
+    assert listed and listed[0].endswith("verdict dataloader UNRELIABLE (few_steps, loaded)")
+    # the follow mode's line reads the profile event itself
+    assert verdict_text({"verdict": "compute", "bound_why": "x", "confidence": conf}) == \
+        "compute UNRELIABLE (few_steps, loaded): x"
+    assert verdict_text({"verdict": "compute", "bound_why": "x",
+                         "confidence": {"reliable": True}}) == "compute: x"
