@@ -323,12 +323,13 @@ def run(argv: Sequence[str]) -> int:
     """Run one command; returns the exit code (errors are printed, not raised)."""
     from libreyolo_core.config import ConfigError
     from libreyolo_core.distributed.batch import BatchSizeError
-    from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.models.registry import ModelNameError
 
     helped = _help(list(argv))
     if helped is not None:
         return helped
+    usage_errors: tuple[type[BaseException], ...] = (UsageError, ConfigError, ModelNameError,
+                                                     BatchSizeError)
     try:
         if list(argv[:1]) == ["profile"]:  # POSIX flags, its own parser
             from libreyolo_core.profiler.cli import main as profile_main
@@ -336,15 +337,18 @@ def run(argv: Sequence[str]) -> int:
             return profile_main(list(argv[1:]))
         command, keys = parse_args(argv)
         return HANDLERS[command](keys)
-    except (UsageError, ConfigError, ModelNameError, BatchSizeError, DeviceError) as exc:
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
-            print(f"error: {exc}", file=sys.stderr)
-        _record_error(EXIT_USAGE, exc)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - map every failure to an exit code
+        # a DeviceError can only come from its module once imported: help and the
+        # torch-free commands never import torch for it
+        device = sys.modules.get("libreyolo_core.distributed.device")
+        if isinstance(exc, usage_errors + ((device.DeviceError,) if device else ())):
+            if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
+                print(f"error: {exc}", file=sys.stderr)
+            _record_error(EXIT_USAGE, exc)
+            return EXIT_USAGE
         code = _exit_for(exc)
         if code != EXIT_SIGTERM:
             _record_error(code, exc)

@@ -170,3 +170,15 @@ def test_train_without_a_usable_box_exits_3_before_training(tmp_path):
     assert out.returncode == 3, out.stderr[-2000:]
     assert "no usable box in 4 images" in out.stderr and "Traceback" not in out.stderr
     assert not list((tmp_path / "runs").rglob("*.pt"))
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["help"], ["help", "train"], ["train", "--help"],
+                                  ["predict", "--help"], ["profile", "--help"], ["cfg", "--help"]])
+def test_help_never_imports_torch(args):
+    """#28.7: `libreyolo --help` took 16 s on a loaded machine because it imported torch."""
+    code = ("import sys\nfrom libreyolo_core.cli import run\n"
+            f"try:\n    rc = run({args!r})\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1].startswith("NO-TORCH"), out.stderr[-500:]
+    assert out.stdout.strip()  # help was printed
