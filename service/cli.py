@@ -61,6 +61,23 @@ class _WithClientCommands(TyperGroup):
         group.name = cmd_name
         return group
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """Typer's, whose did-you-mean sees only the commands already loaded: here the SDK's
+        are matched too (``job`` -> ``jobs``)."""
+        # Typer vendors its own copy of Click: its UsageError, not click's
+        usage_error = typer.core._click.exceptions.UsageError
+        try:
+            return super().resolve_command(ctx, args)
+        except usage_error as exc:
+            if args and "Did you mean" not in exc.message:
+                import difflib
+
+                matches = difflib.get_close_matches(args[0], self.list_commands(ctx))
+                if matches:
+                    exc.message = (f"{exc.message.rstrip('.')}. Did you mean "
+                                   f"{', '.join(repr(m) for m in matches)}?")
+            raise
+
 
 app = typer.Typer(help="LibreYOLO training service", no_args_is_help=True,
                   pretty_exceptions_enable=False, cls=_WithClientCommands)

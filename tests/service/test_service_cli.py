@@ -66,3 +66,15 @@ def test_admin_commands_create_no_database_and_say_which_they_used(tmp_path):
     assert r.returncode == 0 and "alice" in r.stdout, r.stderr
     assert f"sqlite:///{db}" in r.stderr and "LIBREYOLO_HOME" in r.stderr
     assert list(empty.iterdir()) == []
+
+
+def test_a_mistyped_command_gets_a_did_you_mean():
+    """#28.10: `libreyolo-service job list` named no way out; the SDK's commands are loaded
+    lazily, so Typer's own suggestion did not see them."""
+    from service.cli import app
+
+    run = CliRunner()
+    r = run.invoke(app, ["job", "list"])
+    assert r.exit_code == 2 and "No such command 'job'. Did you mean 'jobs'?" in r.output
+    r = run.invoke(app, ["tokn", "create"])
+    assert r.exit_code == 2 and "Did you mean 'token'?" in r.output
