@@ -108,7 +108,7 @@ def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str,
                    422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
                         "an unknown model or params key, a data yaml the engine's loader "
                         "refuses, a dataset id that is not yours or whose scan failed, a batch that does not divide by "
-                        "the rank count; `field` names it"})},
+                        "the rank count, an empty Idempotency-Key; `field` names it"})},
 )
 def submit_job(
     body: JobCreate, user: CurrentUser, session: SessionDep, settings: SettingsDep,
@@ -133,7 +133,7 @@ def submit_job(
     committed, then ``run_job`` is sent to the queue for its GPU count.
 
     With an ``Idempotency-Key`` header a retried submit returns the existing job (200); the
-    same key with a different body is a 409.
+    same key with a different body is a 409, an empty key a 422.
 
     When no live worker serves the job's queue (``gpus: 1`` on a service with only a CPU
     worker), the job is queued with a ``warnings`` entry saying so, or, with the setting
@@ -142,6 +142,12 @@ def submit_job(
     Returns:
         The job (201), status ``queued``.
     """
+    if idempotency_key is not None and not idempotency_key.strip():
+        # an empty key (`$(uuidgen)` where uuidgen is not installed) would silently give
+        # a submit without idempotency
+        raise Problem(422, "Idempotency-Key: the header is empty; send a fresh key per new "
+                      "job (e.g. python3 -c 'import uuid; print(uuid.uuid4())'), or no "
+                      "header at all", field="Idempotency-Key")
     gpus = resolve_gpus(body, settings.default_gpus, settings.max_nodes)
     request_sha = hashlib.sha256(
         json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
