@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--imgsz", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--home", default=".libreyolo/demo", help="service state folder")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the service's port (default 0: a free one)")
     parser.add_argument("--out", default="runs/demo", help="where downloads go")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile job")
     parser.add_argument("--profile-budget-s", type=float, default=300.0,
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     home.mkdir(parents=True)
     out = Path(args.out).resolve()
     gpus = _gpu_count()
-    port = _free_port()
+    port = args.port or _free_port()
     log_path = home / "service.log"
 
     _say(f"== starting the service: libreyolo-service up --port {port} "
