@@ -145,3 +145,23 @@ def test_transfer_report_lists_reinitialised_head_compactly():
     assert report.summary() == (f"transferred {report.total - 6} of {report.total} tensors; "
                                 "re-initialised: head.cls_preds.{0,1,2}.{bias,weight}")
     assert compact_names(["a.0.w", "a.1.w", "b"]) == ["a.{0,1}.w", "b"]
+
+
+@pytest.mark.parametrize("make, names", [
+    (lambda: {"model": torch.nn.Conv2d(3, 4, 3)}, "torch.nn.modules.conv.Conv2d"),
+    (lambda: {"rng": np.random.RandomState(0)}, "numpy.random._pickle.__randomstate_ctor"),
+])
+def test_a_file_that_needs_code_is_named_whole_and_never_nudges_to_weights_only_false(
+        tmp_path, make, names):
+    """#28.10: the message was cut mid-sentence from torch's, which suggests
+    weights_only=False; it names the globals and the safe way out instead."""
+    from libreyolo_core.weights.reader import read_torch_file
+
+    path = tmp_path / "full.pt"
+    torch.save(make(), path)
+    with pytest.raises(CheckpointError) as info:
+        read_torch_file(path)
+    msg = str(info.value)
+    assert "cannot be loaded safely" in msg and names in msg, msg
+    assert "weights_only=False" not in msg and "\x1b" not in msg
+    assert msg.endswith("save its weights instead: torch.save(model.state_dict(), path)")
