@@ -185,6 +185,13 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     train_loader = build_dataloader(train_set, rank_batch, cfg.workers, shuffle=True, seed=cfg.seed,
                                     rank=dist.rank, world_size=dist.world_size,
                                     drop_last=visible >= rank_batch)
+    if visible < rank_batch and dist.is_main:
+        world, per_rank = dist.world_size, " per rank" if dist.world_size > 1 else ""
+        log.warning("batch=%d is more than the %d training images%s: every epoch is one partial "
+                    "batch of %d (one optimizer step), while what scales with the batch (weight "
+                    "decay, nbs accumulation) assumes %d; use batch=%d or less",
+                    rank_batch * world, visible, per_rank, visible, rank_batch * world,
+                    visible * world)
     if visible >= rank_batch and visible % rank_batch and dist.is_main:
         log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
                  "batch of %d); shuffling drops other images each epoch", visible % rank_batch,

@@ -39,7 +39,13 @@ from service.api.schemas import (
     JobStatusName,
     TuneOptionsIn,
 )
-from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, validate_params
+from service.api.submit_rules import (
+    batch_warning,
+    resolve_data,
+    resolve_gpus,
+    resolve_model,
+    validate_params,
+)
 from service.db.models import Job, User, utcnow
 from service.gang import nodes_of, world_size
 from service.lifecycle import TERMINAL, JobStatus
@@ -173,6 +179,9 @@ def submit_job(
         warnings.append(f"only {live[queue_for(gpus)]} live worker(s) serve queue "
                         f"{queue_for(gpus)!r}: this {body.nodes}-node job starts when "
                         f"{body.nodes} of them are free at once")
+    too_big = batch_warning(session, body.data, params)
+    if too_big:
+        warnings.append(too_big)
     now = utcnow()
     options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,

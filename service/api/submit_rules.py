@@ -33,7 +33,7 @@ from service.storage.roots import path_refusal
 from service.users import owns
 
 __all__ = ["GPU_COUNTS", "RESERVED_PARAMS", "resolve_gpus", "validate_params", "resolve_model",
-           "resolve_data"]
+           "resolve_data", "batch_warning"]
 
 #: the GPU counts a job may ask for (each has its queue, :func:`service.queue.queue_for`).
 GPU_COUNTS = (0, 1, 2, 4, 8)
@@ -235,6 +235,23 @@ def resolve_data(session: Session, user: User, data: str, check: bool, settings:
         except DataConfigError as exc:
             raise Problem(422, f"data: {exc}", field="data") from None
     return data
+
+
+def batch_warning(session: Session, data: str, params: dict[str, Any]) -> str | None:
+    """A warning when ``params.batch`` is larger than the train split of an uploaded or
+    registered dataset (its scan counted the images): each epoch would be one partial
+    batch. None when it fits, or when the service has no count (a yaml path)."""
+    batch = params.get("batch")
+    if not isinstance(batch, int) or batch <= 0 or data.startswith("/"):
+        return None
+    ds = session.get(Dataset, data)
+    train = ((ds.report or {}).get("splits") or {}).get("train") if ds is not None else None
+    usable = train.get("usable") if isinstance(train, dict) else None
+    if not isinstance(usable, int) or batch <= usable:
+        return None
+    return (f"params.batch: {batch} is more than the {usable} training images of dataset "
+            f"{data}: every epoch is one partial batch of {usable} (one optimizer step); "
+            f"use batch={usable} or less")
 
 
 def _scan_reason(report: dict[str, Any] | None) -> str:
