@@ -189,7 +189,17 @@ def worker(
     (and LIBREYOLO_BROKER_URL, LIBREYOLO_ARTIFACT_ROOT) as the API. It refuses a database
     that was never set up."""
     argv = _worker_argv(gpus, cpu)
+    _root_note()
     os.execv(argv[0], argv)
+
+
+def _root_note() -> None:
+    """Our word before Celery's "superuser privileges" warning: what it means here."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        typer.echo("note:   running as root, so Celery warns below that the worker has superuser "
+                   "privileges: the engine it starts runs as root too. Fine in a container or "
+                   "on your own machine; on a shared one, start the service as a regular user",
+                   err=True)
 
 
 UP_HELP = f"""Embedded mode: migrations, an admin token, the API and one worker.
@@ -262,6 +272,7 @@ def up(
         return subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, me))
 
+    _root_note()
     me = os.getpid()
     procs = {name: start(argv) for name, argv in argvs.items()}
     crashes: dict[str, list[float]] = {name: [] for name in argvs}
