@@ -109,9 +109,22 @@ def _dataset_label(data: str, names: dict[str, str]) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else data
 
 
+def model_cell(ref: dict[str, Any]) -> str:
+    """A job's Model cell: a name, ``<model name> (<model id>)`` for a registered model,
+    ``job:<id>`` for another job's checkpoint; never the server's file path."""
+    if ref.get("kind") == "model" and ref.get("name"):
+        return f"{ref['name']} ({ref['model_id']})"
+    if ref.get("kind") == "file":
+        return PurePosixPath(ref["label"]).name
+    return str(ref.get("short") or ref.get("label"))
+
+
 def job_row(job: Job, names: dict[str, str], now: datetime,
             live: dict[str, int] | None = None,
-            outlooks: dict[str, Outlook] | None = None) -> dict[str, Any]:
+            outlooks: dict[str, Outlook] | None = None,
+            model: str | None = None) -> dict[str, Any]:
+    """One row of the jobs table; ``model``: its Model cell (:func:`model_cell`; the stored
+    model when not given)."""
     where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     pct, text = job_progress(job, live, where, now)
     started, finished = aware(job.started_at), aware(job.finished_at)
@@ -121,7 +134,7 @@ def job_row(job: Job, names: dict[str, str], now: datetime,
         duration = fmt_duration((now - started).total_seconds()) + " so far"
     else:
         duration = "—"
-    return {"id": job.id, "status": job.status, "kind": job.kind, "model": job.model,
+    return {"id": job.id, "status": job.status, "kind": job.kind, "model": model or job.model,
             "data": job.data, "dataset": _dataset_label(job.data, names),
             "pct": round(pct), "progress": text, "attempt": job.attempt,
             "max_attempts": job.max_attempts, "created": iso(job.created_at),
@@ -142,7 +155,9 @@ def rows_context(session: SessionDep, user: User, status: str | None, kind: str 
     query = {k: v for k, v in (("status", status), ("kind", kind)) if v}
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, jobs, live)
-    return {"rows": [job_row(j, names, now, live, outlooks) for j in jobs],
+    return {"rows": [job_row(j, names, now, live, outlooks,
+                             model_cell(describe_model_ref(session, settings, j.model)))
+                     for j in jobs],
             "filtered": bool(query), "status": status or "", "kind": kind or "",
             "older_url": f"/jobs?{urlencode({**query, 'before': older})}" if older else None,
             "rows_url": "/web/jobs/rows" + (f"?{urlencode(query)}" if query else ""),
@@ -314,11 +329,13 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
     settings = request.app.state.settings
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
-    return {"job": job, "row": job_row(job, names, now, live, outlooks), "artifacts": artifacts,
+    started_from = describe_model_ref(session, settings, job.model)
+    return {"job": job, "row": job_row(job, names, now, live, outlooks, model_cell(started_from)),
+            "artifacts": artifacts,
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
             "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
             "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
-            "started_from": describe_model_ref(session, request.app.state.settings, job.model)}
+            "started_from": started_from}
