@@ -420,6 +420,15 @@ class Client(_Base):
             if not cursor or (limit is not None and len(out) >= limit):
                 return out
 
+    def resume(self, job_id: str) -> Job:
+        """Resume a cancelled or failed train job: a new job that continues from its
+        ``weights/last.pt`` (``POST /v1/jobs/{id}/resume``).
+
+        Raises:
+            Conflict: not a cancelled or failed train job, or it left no last.pt.
+        """
+        return Job(self, JobInfo.model_validate(self._json("POST", f"/v1/jobs/{job_id}/resume")))
+
     def cancel(self, job_id: str) -> JobInfo:
         """Cancel a job (queued: at once; running: the engine is stopped, then cancelled).
 

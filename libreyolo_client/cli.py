@@ -458,6 +458,21 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
         typer.echo(f"{info.id}: {info.status}")
 
 
+@jobs_app.command("resume")
+def resume(
+    job_id: Annotated[str, typer.Argument(help="a cancelled or failed train job")],
+    follow_: Annotated[bool, typer.Option("--follow", "-f",
+                                          help="follow the new job to the end")] = False,
+) -> None:
+    """Resume a cancelled or failed train job from its last.pt: prints the new job's id."""
+    with _client() as c:
+        job = c.resume(job_id)
+        typer.echo(job.id)
+        typer.echo(f"page: {job.page_url}", err=True)
+        if follow_:
+            _print_final(follow(job))
+
+
 @jobs_app.command("download")
 def download(
     job_id: Annotated[str, typer.Argument(help="job id")],

@@ -406,7 +406,10 @@ def _exit_for(exc: Exception) -> int:
             print(f"interrupted ({exc}): stopped before the first epoch, nothing saved",
                   file=sys.stderr)
         else:
-            print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
+            # run by the service, a server path means nothing to its user: its way instead
+            how = os.environ.get("LIBREYOLO_RESUME_HINT") or f"resume={last}"
+            print(f"interrupted ({exc}): {Path(last).name if os.environ.get('LIBREYOLO_RESUME_HINT') else last} "
+                  f"saved; resume with {how}", file=sys.stderr)
         return EXIT_SIGTERM
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):

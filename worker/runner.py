@@ -332,6 +332,9 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     env = build_env(gpu_ids, job.gpus)
     error_file.unlink(missing_ok=True)  # a previous attempt's
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
+    # what a stopped run's log tells a remote user (not resume=<server path>)
+    env["LIBREYOLO_RESUME_HINT"] = (f"`libreyolo-service jobs resume {job_id}` (POST "
+                                    f"/v1/jobs/{job_id}/resume, or Resume on its page)")
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""

@@ -305,6 +305,59 @@ def _job_view(state: Any, job_id: str, user: User) -> JobPublic:
                                                   state.outlooks))
 
 
+@router.post("/{job_id}/resume", status_code=201, response_model=JobPublic,
+             operation_id="jobs-resume",
+             responses={**OWNED_JOB_ERRORS,
+                        409: {"description": "the job is not a cancelled or failed train job, "
+                                             "or it left no last.pt to resume from"}})
+def resume_job(job: OwnedJob, session: SessionDep, settings: SettingsDep, store: StoreDep,
+               request: Request, response: Response) -> JobPublic:
+    """Resume a cancelled or failed train job: a new job (a new attempt of the same run)
+    with the same model, data, params and devices, that continues from the old job's
+    ``weights/last.pt`` (its epoch, optimizer, EMA and schedule) and ``results.csv``.
+    The old job stays as it ended.
+
+    Raises:
+        409: the job is not a train job, is not cancelled or failed, or has no last.pt.
+    """
+    import shutil
+
+    if job.kind != "train" or job.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+        raise Problem(409, f"job {job.id} is a {job.status} {job.kind} job: only a cancelled or "
+                      "failed train job can be resumed", status_now=job.status)
+    last = store.last_checkpoint(job.id)
+    if last is None:
+        raise Problem(409, f"job {job.id} left no weights/last.pt (it stopped before its first "
+                      "epoch ended): submit it again instead", status_now=job.status)
+    now = utcnow()
+    new = Job(owner_id=job.owner_id, kind=job.kind, model=job.model, data=job.data,
+              params=dict(job.params or {}), options=job.options, gpus=job.gpus, procs=job.procs,
+              nodes=job.nodes, priority=job.priority, queue=job.queue, status=JobStatus.QUEUED,
+              attempt=0, max_attempts=settings.max_attempts, time_budget_s=job.time_budget_s,
+              cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
+              created_at=now, enqueued_at=now, sent_at=now)
+    session.add(new)
+    session.flush()
+    weights = store.run_dir(new.id) / "weights"
+    weights.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(last, weights / "last.pt")  # the runner resumes from the job's last.pt
+    results = store.run_dir(job.id) / "results.csv"
+    if results.is_file():
+        shutil.copyfile(results, store.run_dir(new.id) / "results.csv")
+    append_events(session, new.id, [("status", time.time(), {
+        "event": "status", "status": JobStatus.QUEUED,
+        "reason": f"resuming job {job.id} from its last.pt"})])
+    session.commit()
+    session.refresh(new)
+    try:
+        for _ in range(new.nodes):
+            enqueue(request.app.state.celery, new.id, new.queue, new.priority)
+    except Exception:  # broker down: the reaper re-sends queued jobs later
+        log.exception("could not send job %s to queue %s; the reaper will retry", new.id, new.queue)
+    response.headers["Location"] = f"/v1/jobs/{new.id}"
+    return job_public(new, session=session, settings=settings)
+
+
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,
              operation_id="jobs-cancel",
              responses={**OWNED_JOB_ERRORS, 409: {"description": "the job already finished"}})

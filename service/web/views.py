@@ -335,6 +335,8 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
+            "resumable": job.kind == "train" and job.status in (JobStatus.CANCELLED, JobStatus.FAILED)
+            and request.app.state.store.last_checkpoint(job.id) is not None,
             "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
             "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),

@@ -215,3 +215,35 @@ def test_an_unreliable_verdict_says_so_in_show_list_and_follow(cli, stack, data_
         "compute UNRELIABLE (few_steps, loaded): x"
     assert verdict_text({"verdict": "compute", "bound_why": "x",
                          "confidence": {"reliable": True}}) == "compute: x"
+
+
+def test_a_cancelled_job_resumes_from_its_last_pt(cli, stack, data_yaml, client):
+    """#28.9: POST /v1/jobs/{id}/resume and `jobs resume`: a new job that continues from
+    the old one's last.pt; the engine's log names that way, not a server path."""
+    import time
+
+    from testkit import wait_for
+
+    job = client.train(model="yolo9-t", data=data_yaml, gpus=0, epochs=8, imgsz=64, batch=4)
+    stack.run_in_background(job.id, FAKE_EPOCH_S="0.3")
+    weights = stack.settings.artifact_root / job.id / "run" / "weights" / "last.pt"
+    wait_for(lambda: weights.is_file() and json.loads(weights.read_text())["epoch"] >= 2,
+             timeout=60, what="two epochs")
+    job.cancel()
+    wait_for(lambda: job.refresh().status == "cancelled", timeout=60, what="cancelled")
+    time.sleep(0.2)
+    r = cli("resume", job.id)
+    assert r.exit_code == 0, r.output
+    new_id = r.stdout.split()[0]
+    assert new_id != job.id
+    new = client.job(new_id)
+    assert new.info.status == "queued" and new.info.params == job.info.params
+    stack.run_in_background(new_id, FAKE_EPOCH_S="0.05").join(60)
+    new.refresh()
+    assert new.status == "succeeded", new.info.error
+    log = "\n".join(cli("logs", new_id).stdout.splitlines())
+    assert "resuming from" in log and "at epoch 1\n" not in log, log
+    assert client.job(job.id).status == "cancelled"  # the old job stays as it ended
+    # only a cancelled or failed train job, and one that left a last.pt
+    r = cli("resume", new_id)
+    assert r.exit_code != 0 and "only a cancelled or failed train job" in r.output

@@ -391,6 +391,26 @@
     }
   }
 
+  // a cancelled or failed train job: a new job that continues from its last.pt
+  summary.addEventListener('click', async function (ev) {
+    const button = ev.target.closest('#resume-button');
+    if (!button) return;
+    const message = document.getElementById('resume-message');
+    button.disabled = true;
+    message.textContent = 'Resuming…';
+    try {
+      const resp = await L.request('POST', '/v1/jobs/' + encodeURIComponent(jobId) + '/resume');
+      if (resp.ok) {
+        window.location.assign('/jobs/' + encodeURIComponent(resp.data.id));
+        return;
+      }
+      message.textContent = 'Could not resume: ' + L.problemText(resp.data);
+    } catch (err) {
+      message.textContent = 'Could not resume: ' + err;
+    }
+    button.disabled = false;
+  });
+
   summary.addEventListener('click', function (ev) {
     const button = ev.target.closest('#cancel-button');
     if (!button) return;
