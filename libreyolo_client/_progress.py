@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from libreyolo_client._models import Event
 
 __all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text",
-           "verdict_text", "unreliable_reasons"]
+           "verdict_text", "unreliable_reasons", "learned_note"]
 
 
 def format_bytes(n: float) -> str:
@@ -56,6 +56,25 @@ def unreliable_reasons(d: dict[str, Any]) -> str | None:
     if conf.get("reliable") is not False:
         return None
     return "; ".join(conf.get("reasons") or []) + (f". {conf['advice']}" if conf.get("advice") else "")
+
+
+def learned_note(result: dict[str, Any] | None, model: str) -> str | None:
+    """What a train job's result says when it learned nothing (mAP50 below 0.05), e.g.
+    ``"mAP50 0.004 after 5 epochs from scratch: too short to learn. ..."``; None otherwise.
+    ``model`` is the job's stored model: a name is a from-scratch run. (The engine's
+    ``libreyolo_core.records.notes.learned_nothing`` says the same; the SDK has no engine.)"""
+    res = result or {}
+    m = (res.get("metrics") or {}).get("mAP50")
+    if not isinstance(m, int | float) or m >= 0.05 or res.get("verdict") or res.get("tune"):
+        return None
+    n = res.get("epochs_completed")
+    after = f" after {n} epoch{'s' if n != 1 else ''}" if n else ""
+    if not model.startswith("/"):
+        return (f"mAP50 {m:.3f}{after} from scratch: too short to learn. From-scratch "
+                "training needs about 30 epochs or more (epochs=30), or start from a trained "
+                "model (--model <model id> or job:<id>/weights/best.pt)")
+    return (f"mAP50 {m:.3f}{after}: the model learned next to nothing on this data; check the "
+            "labels and train longer")
 
 
 def progress_text(d: dict) -> str:

@@ -26,6 +26,7 @@ from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import (
     format_bytes,
     format_metrics,
+    learned_note,
     nodes_text,
     progress_text,
     significance_word,
@@ -237,6 +238,9 @@ def _print_final(info: JobInfo) -> None:
     if res.get("verdict") and not res.get("tune"):
         line += f"  verdict {verdict_text(res)}"
     typer.echo(line)
+    note = learned_note(res, info.model) if info.status == "succeeded" else None
+    if note:
+        typer.echo(f"note: {note}")
     if isinstance(res.get("tune"), dict):
         typer.echo(tune_table(res["tune"]))
     if isinstance(res.get("preflight"), dict):
@@ -411,8 +415,12 @@ def show(
         if isinstance(res.get("tune"), dict):
             typer.echo(tune_table(res["tune"]))
         elif i.status == "succeeded":
-            typer.echo(f"best:     epoch {res.get('best_epoch')}  "
-                       f"{format_metrics(res.get('metrics'))}")
+            if i.kind != "profile" and res.get("best_epoch"):  # a profile job trains no best
+                typer.echo(f"best:     epoch {res.get('best_epoch')}  "
+                           f"{format_metrics(res.get('metrics'))}")
+            note = learned_note(res, i.model)
+            if note:
+                typer.echo(f"note:     {note}")
             if res.get("verdict"):
                 typer.echo(f"verdict:  {verdict_text(res)}")
                 if unreliable_reasons(res):

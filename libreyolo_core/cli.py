@@ -164,8 +164,20 @@ def cmd_train(keys: dict[str, Any]) -> int:
     result = yolo.train(**keys)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
         return EXIT_OK
+    if cfg.profile_then_stop:  # a profile job: a window of steps, no trained weights
+        print(f"done: profile window measured; profile.json and timeline.html in "
+              f"{result['save_dir']} (a profile run saves no weights)")
+        return EXIT_OK
+    best = result["best_checkpoint"] if Path(result["best_checkpoint"]).is_file() else None
+    weights = best or (result["last_checkpoint"] if Path(result["last_checkpoint"]).is_file()
+                       else "none saved")
     print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
-          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {result['best_checkpoint']}")
+          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {weights}")
+    from libreyolo_core.records.notes import learned_nothing
+
+    note = learned_nothing(result, result.get("epochs_completed"), not is_weights_path(model))
+    if note and cfg.val:
+        print(f"note: {note}")
     return EXIT_OK
 
 

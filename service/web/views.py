@@ -18,6 +18,7 @@ from sqlalchemy import select
 from libreyolo_core.profiler.record import Lever
 from libreyolo_core.profiler.verdict import LEVERS
 from libreyolo_core.records.events import ProfileEvent
+from libreyolo_core.records.notes import learned_nothing
 from service import job_store
 from service.api.deps import SessionDep
 from service.api.jobs import queue_outlooks
@@ -335,6 +336,9 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
+            "learned_note": learned_nothing(result.get("metrics"), result.get("epochs_completed"),
+                                            not job.model.startswith("/"))
+            if job.kind == "train" and job.status == JobStatus.SUCCEEDED else None,
             "resumable": job.kind == "train" and job.status in (JobStatus.CANCELLED, JobStatus.FAILED)
             and request.app.state.store.last_checkpoint(job.id) is not None,
             "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),

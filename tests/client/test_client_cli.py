@@ -247,3 +247,29 @@ def test_a_cancelled_job_resumes_from_its_last_pt(cli, stack, data_yaml, client)
     # only a cancelled or failed train job, and one that left a last.pt
     r = cli("resume", new_id)
     assert r.exit_code != 0 and "only a cancelled or failed train job" in r.output
+
+
+def test_a_run_that_learned_nothing_says_so(cli, stack, data_yaml, token):
+    """#28.5: mAP50 0.004 after 5 epochs from scratch ended without a word."""
+    import httpx
+
+    from libreyolo_core.records.notes import learned_nothing
+    from service.db.models import Job
+
+    r = cli("submit", "--data", data_yaml, "--gpus", "0", "epochs=5")
+    job_id = r.stdout.split()[0]
+    result = {"status": "completed", "best_epoch": 5, "epochs_completed": 5,
+              "metrics": {"mAP50": 0.004, "mAP50-95": 0.001}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status, job.result = "succeeded", result
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "note:     mAP50 0.004 after 5 epochs from scratch: too short to learn" in out, out
+    assert "about 30 epochs" in out
+    page = httpx.get(f"{stack.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert "mAP50 0.004 after 5 epochs from scratch: too short to learn" in page.text
+    assert learned_nothing({"mAP50": 0.004}, 5, True).startswith(
+        "mAP50 0.004 after 5 epochs from scratch: too short to learn")
+    assert learned_nothing({"mAP50": 0.6}, 5, True) is None
+    assert "learned next to nothing" in learned_nothing({"mAP50": 0.01}, 1, False)
