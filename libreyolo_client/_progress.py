@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from libreyolo_client._models import Event
 
 __all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text",
-           "verdict_text", "unreliable_reasons", "learned_note"]
+           "verdict_text", "unreliable_reasons", "learned_note", "data_text"]
 
 
 def format_bytes(n: float) -> str:
@@ -56,6 +56,25 @@ def unreliable_reasons(d: dict[str, Any]) -> str | None:
     if conf.get("reliable") is not False:
         return None
     return "; ".join(conf.get("reasons") or []) + (f". {conf['advice']}" if conf.get("advice") else "")
+
+
+def data_text(result: dict[str, Any] | None) -> str | None:
+    """The scan's counts of a finished run, one line: ``train 64 images, 120 boxes, 6 label
+    defects (bad_class 3, zero_area 3); val 16 images, 30 boxes`` (None when not recorded)."""
+    data = (result or {}).get("data")
+    if not isinstance(data, dict) or not data:
+        return None
+    parts = []
+    for split, d in data.items():
+        if not isinstance(d, dict):
+            continue
+        text = f"{split} {d.get('usable')} images, {d.get('boxes')} boxes"
+        n = d.get("n_defects") or 0
+        if n:
+            kinds = ", ".join(f"{k} {v}" for k, v in (d.get("defects") or {}).items())
+            text += f", {n} data defect{'s' if n != 1 else ''} ({kinds}; see jobs logs)"
+        parts.append(text)
+    return "; ".join(parts) or None
 
 
 def learned_note(result: dict[str, Any] | None, model: str) -> str | None:

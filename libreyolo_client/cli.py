@@ -24,6 +24,7 @@ from libreyolo_client._client import Client, Job
 from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import (
+    data_text,
     format_bytes,
     format_metrics,
     learned_note,
@@ -238,6 +239,8 @@ def _print_final(info: JobInfo) -> None:
     if res.get("verdict") and not res.get("tune"):
         line += f"  verdict {verdict_text(res)}"
     typer.echo(line)
+    if data_text(res):
+        typer.echo(f"data: {data_text(res)}")
     note = learned_note(res, info.model) if info.status == "succeeded" else None
     if note:
         typer.echo(f"note: {note}")
@@ -421,6 +424,8 @@ def show(
             note = learned_note(res, i.model)
             if note:
                 typer.echo(f"note:     {note}")
+        if data_text(res):
+            typer.echo(f"data:     {data_text(res)}")
             if res.get("verdict"):
                 typer.echo(f"verdict:  {verdict_text(res)}")
                 if unreliable_reasons(res):

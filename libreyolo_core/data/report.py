@@ -167,6 +167,15 @@ class ScanReport:
                     "Training would learn nothing")
         return None
 
+    def defect_summary(self) -> dict[str, Any]:
+        """What a job's result keeps of the scan: ``images``, ``usable``, ``boxes``,
+        ``n_defects``, ``defects`` (the kinds that occurred, with their counts),
+        ``rows_dropped`` and ``skipped`` (images)."""
+        return {"images": self.n_images, "usable": self.n_usable, "boxes": self.n_boxes,
+                "n_defects": self.n_defects,
+                "defects": {k: v for k, v in self.defects.items() if v},
+                "rows_dropped": self.rows_dropped, "skipped": len(self.skipped)}
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (no per-image labels)."""
         return {

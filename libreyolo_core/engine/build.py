@@ -64,6 +64,8 @@ class TrainParts:
             steps of one epoch.
         optimizer, schedule: the parameter groups and the lr / momentum schedule.
         ema: the weights' moving average (rank 0 with ``ema=True``), else None.
+        data_summary: ``{"train": ..., "val": ...}``, each split's
+            :meth:`~libreyolo_core.data.report.ScanReport.defect_summary` (the run's result).
     """
 
     model: nn.Module
@@ -82,6 +84,7 @@ class TrainParts:
     steps_per_epoch: int
     schedule: LRSchedule
     ema: ModelEMA | None
+    data_summary: dict[str, Any] | None = None
 
 
 def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, dist: DistContext,
@@ -147,7 +150,9 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
                       train_set=train_set, train_loader=train_loader, val_loader=val_loader,
                       loss_fn=loss_fn, item_names=tuple(loss_fn.item_names), cuda_graph=cuda_graph,
                       accumulate=accumulate, optimizer=optimizer, steps_per_epoch=steps_per_epoch,
-                      schedule=schedule, ema=ema)
+                      schedule=schedule, ema=ema,
+                      data_summary={name: r.defect_summary() for name, r in
+                                    (("train", train_report), ("val", val_report)) if r is not None})
 
 
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:

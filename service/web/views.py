@@ -110,6 +110,22 @@ def _dataset_label(data: str, names: dict[str, str]) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else data
 
 
+def data_rows(data: Any) -> list[tuple[str, str]]:
+    """``[(split, "64 images, 120 boxes, 6 data defects (bad_class 3, ...)")]`` from a
+    result's ``data`` (the engine's scan counts); empty when not recorded."""
+    rows = []
+    for split, d in (data or {}).items() if isinstance(data, dict) else ():
+        if not isinstance(d, dict):
+            continue
+        text = f"{d.get('usable')} images, {d.get('boxes')} boxes"
+        n = d.get("n_defects") or 0
+        if n:
+            kinds = ", ".join(f"{k} {v}" for k, v in (d.get("defects") or {}).items())
+            text += f", {n} data defect{'s' if n != 1 else ''} ({kinds}; the log names each)"
+        rows.append((str(split), text))
+    return rows
+
+
 def model_cell(ref: dict[str, Any]) -> str:
     """A job's Model cell: a name, ``<model name> (<model id>)`` for a registered model,
     ``job:<id>`` for another job's checkpoint; never the server's file path."""
@@ -336,6 +352,7 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
+            "data_rows": data_rows(result.get("data")),
             "learned_note": learned_nothing(result.get("metrics"), result.get("epochs_completed"),
                                             not job.model.startswith("/"))
             if job.kind == "train" and job.status == JobStatus.SUCCEEDED else None,

@@ -273,3 +273,26 @@ def test_a_run_that_learned_nothing_says_so(cli, stack, data_yaml, token):
         "mAP50 0.004 after 5 epochs from scratch: too short to learn")
     assert learned_nothing({"mAP50": 0.6}, 5, True) is None
     assert "learned next to nothing" in learned_nothing({"mAP50": 0.01}, 1, False)
+
+
+def test_the_scan_counts_show_in_show_and_on_the_page(cli, stack, data_yaml, token):
+    import httpx
+
+    from service.db.models import Job
+
+    job_id = cli("submit", "--data", data_yaml, "--gpus", "0").stdout.split()[0]
+    data = {"train": {"images": 64, "usable": 64, "boxes": 120, "n_defects": 6,
+                      "defects": {"bad_class": 3, "zero_area": 3}, "rows_dropped": 6,
+                      "skipped": 0},
+            "val": {"images": 16, "usable": 16, "boxes": 30, "n_defects": 0, "defects": {}}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status = "succeeded"
+        job.result = {"status": "completed", "best_epoch": 1, "epochs_completed": 1,
+                      "metrics": {"mAP50": 0.5}, "data": data}
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert ("data:     train 64 images, 120 boxes, 6 data defects (bad_class 3, zero_area 3; "
+            "see jobs logs); val 16 images, 30 boxes") in out, out
+    page = httpx.get(f"{stack.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert "6 data defects (bad_class 3, zero_area 3; the log names each)" in page.text

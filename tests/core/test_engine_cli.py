@@ -182,3 +182,26 @@ def test_help_never_imports_torch(args):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stderr.strip().splitlines()[-1].startswith("NO-TORCH"), out.stderr[-500:]
     assert out.stdout.strip()  # help was printed
+
+
+def test_the_scan_counts_go_into_run_end(tmp_path):
+    """#28.2: label defects were visible only in the log; run_end carries each split's
+    counts, which the worker copies into the job's result (``result.data``)."""
+    import json
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    labels = sorted((yaml_path.parent / "labels" / "train").glob("*.txt"))
+    for lf in labels[:2]:
+        lf.write_text(lf.read_text() + "9 0.5 0.5 0.1 0.1\n0 0.5 0.5 0 0\n")
+    out = libreyolo("train", "model=yolo9-t", f"data={yaml_path}", "epochs=1", "imgsz=64",
+                    "batch=2", "device=cpu", f"project={tmp_path / 'runs'}", "workers=0",
+                    "val=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    events = [json.loads(ln) for ln in next((tmp_path / "runs").rglob("events.jsonl"))
+              .read_text().splitlines()]
+    data = events[-1]["data"]
+    assert events[-1]["event"] == "run_end" and data["train"]["n_defects"] == 4, data
+    assert data["train"]["defects"] == {"bad_class": 2, "zero_area": 2}
+    assert data["train"]["images"] == 4 and data["train"]["boxes"] > 0
