@@ -284,8 +284,11 @@ def preflight_text(pf: dict[str, Any]) -> str:
                if p.peak_memory_mb is not None else "")
             + (f", cost {p.cost:.2f} {p.currency}" if p.cost is not None else ""))
     if p.actual is not None and p.actual.epoch_time_s is not None:
-        text += (f"\nactual:    epoch {p.actual.epoch_time_s:.1f} s (mean of {p.actual.epochs}), "
-                 f"engine {p.actual.wall_s or 0:.0f} s")
+        a = p.actual
+        total = (f", total {(a.train_s or 0) + (a.val_s or 0):.0f} s (training and validation; "
+                 f"the engine ran {a.wall_s or 0:.0f} s in all)" if a.train_s is not None
+                 else f", engine {a.wall_s or 0:.0f} s")
+        text += f"\nactual:    epoch {a.epoch_time_s:.1f} s (mean of {a.epochs}){total}"
     return text
 
 

@@ -283,7 +283,14 @@ def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | Non
         "val_est": fmt_seconds(pf.get("val_s")) if pf.get("val_s") is not None else None,
         "val_actual": fmt_seconds(actual.get("val_time_s")) if actual.get("val_time_s") is not None else None,
         "total_est": fmt_seconds(pf.get("total_s")),
-        "total_actual": fmt_seconds(duration) if ended and duration is not None else None,
+        # the estimate's counterpart: the epochs' training and validation (as the CLI
+        # says it), and beside it the whole job (set-up and the preflight included)
+        "total_actual": (fmt_seconds((actual.get("train_s") or 0) + (actual.get("val_s") or 0))
+                         + (f" (training and validation; the whole job {fmt_seconds(duration)})"
+                            if duration is not None else "")
+                         if ended and actual.get("train_s") is not None else
+                         (f"{fmt_seconds(duration)} (the whole job)" if ended and duration is not None
+                          else None)),
         "epochs": pf.get("epochs"), "epochs_done": actual.get("epochs"),
         "memory": f"{mem:,.0f} MiB ({pf.get('memory_kind')})" if mem is not None else None,
         "cost": f"{pf['cost']:.2f} {pf.get('currency')}" if pf.get("cost") is not None else None,
