@@ -165,3 +165,20 @@ def test_a_file_that_needs_code_is_named_whole_and_never_nudges_to_weights_only_
     assert "cannot be loaded safely" in msg and names in msg, msg
     assert "weights_only=False" not in msg and "\x1b" not in msg
     assert msg.endswith("save its weights instead: torch.save(model.state_dict(), path)")
+
+
+def test_a_file_with_model_and_ema_loads_the_ema_and_says_so(tmp_path, caplog):
+    """#28.11 (a public bug report): 'model' held the raw weights and 'ema' the average;
+    the raw ones were loaded without a word."""
+    raw, avg = build_yolox("n", 2).state_dict(), build_yolox("n", 2).state_dict()
+    avg = {k: (v + 1 if v.is_floating_point() else v) for k, v in avg.items()}
+    torch.save({"model": raw, "ema": avg}, tmp_path / "both.pth")
+    with caplog.at_level(logging.INFO, logger="libreyolo_core"):
+        w = load_weights(tmp_path / "both.pth")
+    assert "using its 'ema' entry (the averaged weights), not 'model'" in caplog.text
+
+    def total(state):
+        return float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
+
+    assert total(w.state) == pytest.approx(total(avg), rel=1e-6)
+    assert total(w.state) != pytest.approx(total(raw), rel=1e-6)
