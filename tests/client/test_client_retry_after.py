@@ -52,7 +52,7 @@ def test_retry_after_is_honoured(busy, status):
     _Busy.plan = [(status, "1"), (status, "1")]
     with Client(busy, token="t", backoff_s=0.01, retries=3) as c:
         assert c._json("GET", "/healthz") == {"status": "ok"}
-    gaps = [b - a for a, b in zip(_Busy.seen, _Busy.seen[1:])]
+    gaps = [b - a for a, b in zip(_Busy.seen, _Busy.seen[1:], strict=False)]
     assert len(gaps) == 2 and all(g >= 0.95 for g in gaps), gaps  # not the 0.01 s backoff
 
 
