@@ -375,7 +375,8 @@ def _record_error(code: int, exc: BaseException) -> None:
     path = os.environ.get("LIBREYOLO_ERROR_FILE")
     if not path:
         return
-    record = {"exit_code": code, "error": f"{type(exc).__name__}: {exc}"[:2000],
+    text = _loader_worker_death(exc) or f"{type(exc).__name__}: {exc}"
+    record = {"exit_code": code, "error": text[:2000],
               "rank": int(os.environ.get("RANK", "0"))}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -396,6 +397,41 @@ def _peer_lost(exc: BaseException) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not isinstance(exc, RuntimeError):
         return False
     return any(text in str(exc) for text in PEER_LOST)
+
+
+def _loader_worker_death(exc: BaseException) -> str | None:
+    """The sentence for a data loader worker that died (torch's ``DataLoader worker (pid
+    N) is killed by signal: Killed`` / ``exited unexpectedly``): which worker, the signal,
+    what to try; None for any other error."""
+    import re
+
+    chain, seen = [], exc  # torch raises "exited unexpectedly" from "killed by signal: X"
+    while seen is not None and len(chain) < 5:
+        chain.append(" ".join(str(seen).split()))
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(sorted(chain, key=lambda t: "killed by signal" not in t))
+    m = re.search(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|"
+                  r"exited unexpectedly(?: with exit code (-?\d+))?)", text)
+    if m is None:
+        return None
+    pid, signame, code = m.group(1).strip(), m.group(2), m.group(3)
+    if signame is None and code and code.lstrip("-").isdigit() and int(code) < 0:
+        import signal as _signal
+
+        try:
+            signame = _signal.Signals(-int(code)).name
+        except ValueError:
+            signame = f"signal {-int(code)}"
+    how = f"was killed by {signame}" if signame else "exited unexpectedly"
+    why = ""
+    if signame and ("Killed" in signame or "SIGKILL" in signame):
+        why = " (usually the kernel's out-of-memory killer: the machine ran out of memory)"
+    elif signame and ("Bus" in signame or "SIGBUS" in signame):
+        why = " (usually out of shared memory, /dev/shm)"
+    return (f"data loader worker (pid {pid}) {how}{why}. Try fewer loader workers "
+            "(workers=2, or workers=0 to load in the training process), less memory per "
+            "worker (cache=false, a smaller batch or imgsz), more memory, or more shared "
+            "memory (/dev/shm; in docker: --shm-size=2g)")
 
 
 def _exit_for(exc: Exception) -> int:
@@ -423,6 +459,10 @@ def _exit_for(exc: Exception) -> int:
             print(f"interrupted ({exc}): {Path(last).name if os.environ.get('LIBREYOLO_RESUME_HINT') else last} "
                   f"saved; resume with {how}", file=sys.stderr)
         return EXIT_SIGTERM
+    loader = _loader_worker_death(exc)
+    if loader is not None:  # torch's message and a long traceback said none of this
+        print(f"error: {loader}", file=sys.stderr)
+        return EXIT_RUNTIME
     print(f"error: {exc}", file=sys.stderr)
     if isinstance(exc, DataConfigError | DatasetError | ProfileWindowError):
         return EXIT_DATA

@@ -205,3 +205,36 @@ def test_the_scan_counts_go_into_run_end(tmp_path):
     assert events[-1]["event"] == "run_end" and data["train"]["n_defects"] == 4, data
     assert data["train"]["defects"] == {"bad_class": 2, "zero_area": 2}
     assert data["train"]["images"] == 4 and data["train"]["boxes"] > 0
+
+
+def test_a_killed_loader_worker_is_named_with_what_to_try():
+    """#28.11 (a public bug report): torch's message and a 90-line traceback, reason
+    'runtime error'. Now the worker, the signal and what to try, without a traceback —
+    from the real error a DataLoader raises when one of its workers is SIGKILLed."""
+    code = """
+import os, signal, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+from libreyolo_core.cli import _exit_for
+
+class Slow(Dataset):
+    def __len__(self): return 1000
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.zeros(1)
+
+it = iter(DataLoader(Slow(), batch_size=1, num_workers=1))
+next(it)
+os.kill(it._workers[0].pid, signal.SIGKILL)
+try:
+    for _ in range(100):
+        next(it)
+except RuntimeError as exc:
+    sys.exit(_exit_for(exc))
+sys.exit(99)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    err = out.stderr
+    assert "error: data loader worker (pid " in err and "Killed" in err, err[-2000:]
+    assert "out-of-memory killer" in err and "workers=2" in err and "--shm-size" in err
+    assert "Traceback" not in err
