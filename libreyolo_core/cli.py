@@ -405,7 +405,9 @@ def _loader_worker_death(exc: BaseException) -> str | None:
     what to try; None for any other error."""
     import re
 
-    chain, seen = [], exc  # torch raises "exited unexpectedly" from "killed by signal: X"
+    # torch raises "exited unexpectedly" from "killed by signal: X"
+    chain: list[str] = []
+    seen: BaseException | None = exc
     while seen is not None and len(chain) < 5:
         chain.append(" ".join(str(seen).split()))
         seen = seen.__cause__ or seen.__context__
