@@ -427,8 +427,6 @@ def show(
             note = learned_note(res, i.model)
             if note:
                 typer.echo(f"note:     {note}")
-        if data_text(res):
-            typer.echo(f"data:     {data_text(res)}")
             if res.get("verdict"):
                 typer.echo(f"verdict:  {verdict_text(res)}")
                 if unreliable_reasons(res):
@@ -440,6 +438,8 @@ def show(
                                f"{lever.get('why') or ''}")
                     for tip in lever.get("also") or []:
                         typer.echo(f"          also: {tip}")
+        if data_text(res):
+            typer.echo(f"data:     {data_text(res)}")
         pf = res.get("preflight") or (i.progress or {}).get("preflight")
         if isinstance(pf, dict) and pf.get("total_s") is not None:
             typer.echo(preflight_text(pf))

@@ -193,7 +193,8 @@ def test_an_unreliable_verdict_says_so_in_show_list_and_follow(cli, stack, data_
     from libreyolo_client._progress import verdict_text
     from service.db.models import Job
 
-    r = cli("submit", "--kind", "profile", "--data", data_yaml, "--gpus", "0")
+    # gpus 1: a queue no runner thread of this session claims from (the row is set below)
+    r = cli("submit", "--kind", "profile", "--data", data_yaml, "--gpus", "1")
     job_id = r.stdout.split()[0]
     conf = {"reliable": False, "flags": ["few_steps", "loaded"],
             "reasons": ["only 2 unsynced steps", "other processes took 60% of the CPU"],
@@ -256,7 +257,7 @@ def test_a_run_that_learned_nothing_says_so(cli, stack, data_yaml, token):
     from libreyolo_core.records.notes import learned_nothing
     from service.db.models import Job
 
-    r = cli("submit", "--data", data_yaml, "--gpus", "0", "epochs=5")
+    r = cli("submit", "--data", data_yaml, "--gpus", "1", "epochs=5")  # no runner claims it
     job_id = r.stdout.split()[0]
     result = {"status": "completed", "best_epoch": 5, "epochs_completed": 5,
               "metrics": {"mAP50": 0.004, "mAP50-95": 0.001}}
@@ -280,7 +281,7 @@ def test_the_scan_counts_show_in_show_and_on_the_page(cli, stack, data_yaml, tok
 
     from service.db.models import Job
 
-    job_id = cli("submit", "--data", data_yaml, "--gpus", "0").stdout.split()[0]
+    job_id = cli("submit", "--data", data_yaml, "--gpus", "1").stdout.split()[0]  # unclaimed
     data = {"train": {"images": 64, "usable": 64, "boxes": 120, "n_defects": 6,
                       "defects": {"bad_class": 3, "zero_area": 3}, "rows_dropped": 6,
                       "skipped": 0},
