@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 # (pre-training), FT_EPOCHS (fine-tuning from the published model; 0 skips it), IMGSZ,
 # BATCH, THREADS (CPU threads per engine process; 1 by default: more threads than free
 # cores stall every step on a busy machine; 0 = torch's default), PROFILE=0 (no profile
-# job), WAIT=0 (stop the service at the end instead of keeping it up until Ctrl-C).
+# job), WAIT=0 (stop the service at the end instead of keeping it up until Ctrl-C), PORT
+# (the service's port; default: a free one).
 DATA ?=
 MODEL ?= yolo9-t
 EPOCHS ?= 30
@@ -17,6 +18,7 @@ BATCH ?= 8
 THREADS ?= 1
 PROFILE ?= 1
 WAIT ?= 1
+PORT ?= 0
 LIBREYOLO_REF := 1.6.0
 
 .PHONY: setup test test-fast demo bench gpu-check lint clean
@@ -51,7 +53,7 @@ test-fast: setup
 demo: setup
 	$(BIN)/python -m libreyolo_client.demo $(if $(DATA),--data $(DATA),) --model $(MODEL) \
 		--epochs $(EPOCHS) --ft-epochs $(FT_EPOCHS) --imgsz $(IMGSZ) --batch $(BATCH) \
-		--threads $(THREADS) \
+		--threads $(THREADS) --port $(PORT) \
 		$(if $(filter 0,$(PROFILE)),--no-profile,) $(if $(filter 0,$(WAIT)),--no-wait,)
 
 bench: setup

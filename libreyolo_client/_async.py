@@ -82,6 +82,7 @@ class AsyncClient(_Base):
                        **kw: Any) -> httpx.Response:
         attempt = 0
         while True:
+            r: httpx.Response | None = None
             try:
                 r = await self._http.request(method, path, **kw)
             except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
@@ -93,7 +94,7 @@ class AsyncClient(_Base):
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
                     return self._check(r)
-            await asyncio.sleep(self._delay(attempt))
+            await asyncio.sleep(self._delay(attempt, r))
             attempt += 1
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:

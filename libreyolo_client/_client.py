@@ -55,7 +55,9 @@ __all__ = ["Client", "Job", "DEFAULT_TIMEOUT"]
 
 #: seconds per phase; reads are long because a dataset upload waits for the scan.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
-RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: The longest ``Retry-After`` the SDK waits for (seconds); a longer one is cut to this.
+MAX_RETRY_AFTER_S = 60.0
 CHUNK = 1 << 20
 
 ProgressFn = Callable[[int, int | None], None]
@@ -66,6 +68,28 @@ TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_
 JOB_OPTIONS = ("procs", "nodes", "priority", "time_budget_s", "idempotency_key")
 EventFn = Callable[[Event], None]
 
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (a number, or an HTTP date), or None."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    from datetime import datetime as _dt
+
+    return max(0.0, (when - _dt.now(when.tzinfo)).total_seconds())
 
 class _Base:
     """Configuration and everything without I/O, shared by the sync and async clients."""
@@ -89,8 +113,13 @@ class _Base:
             h["Authorization"] = f"Bearer {self.token}"
         return h
 
-    def _delay(self, attempt: int) -> float:
-        """Exponential backoff with jitter: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
+    def _delay(self, attempt: int, response: httpx.Response | None = None) -> float:
+        """The wait before retry ``attempt``: the answer's ``Retry-After`` (seconds or an
+        HTTP date, as a 503 or 429 sends it), at most :data:`MAX_RETRY_AFTER_S`; else
+        exponential backoff with jitter: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
+        after = retry_after_s(response) if response is not None else None
+        if after is not None:
+            return min(after, MAX_RETRY_AFTER_S)
         return min(8.0, self.backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
 
     @staticmethod
@@ -173,7 +202,8 @@ class Client(_Base):
         token: bearer token; default ``LIBREYOLO_TOKEN``, then the credentials file.
         timeout: seconds per phase (float, :class:`httpx.Timeout`, or None for none).
         retries: retries of idempotent calls (reads, cancel, submits with their
-            Idempotency-Key) on connection errors and 502/503/504, with exponential backoff.
+            Idempotency-Key) on connection errors and 429/502/503/504, waiting what a
+            Retry-After asks (at most MAX_RETRY_AFTER_S), else with exponential backoff.
         backoff_s: first retry delay in seconds (doubles each time, at most 8 s).
         credentials_path: read this credentials file instead of the default.
         transport: an httpx transport (e.g. ``httpx.MockTransport`` in tests).
@@ -217,11 +247,13 @@ class Client(_Base):
         """Send with retries (idempotent calls only) and raise typed errors.
 
         Raises:
-            ServiceUnavailable: no answer, or 502/503/504, after the retries.
+            ServiceUnavailable: no answer, or 502/503/504, after the retries (a 429 and a
+                503 are retried after their Retry-After, bounded).
             APIError: (subclasses) any other error status.
         """
         attempt = 0
         while True:
+            r: httpx.Response | None = None
             try:
                 r = self._http.request(method, path, **kw)
             except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
@@ -233,7 +265,7 @@ class Client(_Base):
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
                     return self._check(r)
-            time.sleep(self._delay(attempt))
+            time.sleep(self._delay(attempt, r))
             attempt += 1
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
@@ -420,6 +452,15 @@ class Client(_Base):
             cursor = page.get("next_cursor")
             if not cursor or (limit is not None and len(out) >= limit):
                 return out
+
+    def resume(self, job_id: str) -> Job:
+        """Resume a cancelled or failed train job: a new job that continues from its
+        ``weights/last.pt`` (``POST /v1/jobs/{id}/resume``).
+
+        Raises:
+            Conflict: not a cancelled or failed train job, or it left no last.pt.
+        """
+        return Job(self, JobInfo.model_validate(self._json("POST", f"/v1/jobs/{job_id}/resume")))
 
     def cancel(self, job_id: str) -> JobInfo:
         """Cancel a job (queued: at once; running: the engine is stopped, then cancelled).

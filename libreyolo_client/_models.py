@@ -99,10 +99,6 @@ class JobInfo(_Model):
     #: ``job_id`` (Slurm's), ``nodes`` (Slurm's node list), ``state``, ``reason`` (why it
     #: waits in Slurm's queue: ``Resources``, ``Priority``, ...), ``restarts``
     cluster: dict[str, Any] | None = None
-    #: how the last attempt ended: ``infrastructure``, ``job`` or ``user``, and why
-    end_class: str | None = None
-    end_reason: str | None = None
-
     @property
     def done(self) -> bool:
         """True once the status is terminal (succeeded, failed or cancelled)."""

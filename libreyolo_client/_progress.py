@@ -8,7 +8,8 @@ from typing import Any, TextIO
 
 from libreyolo_client._models import Event
 
-__all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text"]
+__all__ = ["EventPrinter", "format_bytes", "format_metrics", "status_text", "nodes_text",
+           "verdict_text", "unreliable_reasons", "learned_note", "data_text"]
 
 
 def format_bytes(n: float) -> str:
@@ -27,6 +28,72 @@ def significance_word(value: Any) -> str:
     """A ``tune_candidate`` event's ``significant`` field in words: ``significant``,
     ``not significant``, or ``no call`` (absent or null: too few trials to tell)."""
     return _SIGNIFICANCE.get(value, "no call")
+
+
+def _confidence(d: dict[str, Any]) -> dict[str, Any]:
+    conf = d.get("confidence")
+    if not isinstance(conf, dict):  # a job's result holds the profile event under "profile"
+        conf = (d.get("profile") or {}).get("confidence") if isinstance(d.get("profile"), dict) else None
+    return conf if isinstance(conf, dict) else {}
+
+
+def verdict_text(d: dict[str, Any]) -> str:
+    """A profile verdict in one line, flagged as ``profile.json``, the page and the engine
+    CLI flag it: ``dataloader UNRELIABLE (few_steps, loaded): <why>`` (``d``: a
+    ``profile`` event, or a job's result, whose ``profile`` holds the event)."""
+    conf = _confidence(d)
+    text = str(d.get("verdict"))
+    if conf.get("reliable") is False:
+        flags = ", ".join(conf.get("flags") or []) or "see its reasons"
+        text += f" UNRELIABLE ({flags})"
+    return f"{text}: {d.get('bound_why') or '(no reason given)'}"
+
+
+def unreliable_reasons(d: dict[str, Any]) -> str | None:
+    """Why a verdict is unreliable and what to do, one sentence (None when reliable or
+    not recorded)."""
+    conf = _confidence(d)
+    if conf.get("reliable") is not False:
+        return None
+    return "; ".join(conf.get("reasons") or []) + (f". {conf['advice']}" if conf.get("advice") else "")
+
+
+def data_text(result: dict[str, Any] | None) -> str | None:
+    """The scan's counts of a finished run, one line: ``train 64 images, 120 boxes, 6 label
+    defects (bad_class 3, zero_area 3); val 16 images, 30 boxes`` (None when not recorded)."""
+    data = (result or {}).get("data")
+    if not isinstance(data, dict) or not data:
+        return None
+    parts = []
+    for split, d in data.items():
+        if not isinstance(d, dict):
+            continue
+        text = f"{split} {d.get('usable')} images, {d.get('boxes')} boxes"
+        n = d.get("n_defects") or 0
+        if n:
+            kinds = ", ".join(f"{k} {v}" for k, v in (d.get("defects") or {}).items())
+            text += f", {n} data defect{'s' if n != 1 else ''} ({kinds}; see jobs logs)"
+        parts.append(text)
+    return "; ".join(parts) or None
+
+
+def learned_note(result: dict[str, Any] | None, model: str) -> str | None:
+    """What a train job's result says when it learned nothing (mAP50 below 0.05), e.g.
+    ``"mAP50 0.004 after 5 epochs from scratch: too short to learn. ..."``; None otherwise.
+    ``model`` is the job's stored model: a name is a from-scratch run. (The engine's
+    ``libreyolo_core.records.notes.learned_nothing`` says the same; the SDK has no engine.)"""
+    res = result or {}
+    m = (res.get("metrics") or {}).get("mAP50")
+    if not isinstance(m, int | float) or m >= 0.05 or res.get("verdict") or res.get("tune"):
+        return None
+    n = res.get("epochs_completed")
+    after = f" after {n} epoch{'s' if n != 1 else ''}" if n else ""
+    if not model.startswith("/"):
+        return (f"mAP50 {m:.3f}{after} from scratch: too short to learn. From-scratch "
+                "training needs about 30 epochs or more (epochs=30), or start from a trained "
+                "model (--model <model id> or job:<id>/weights/best.pt)")
+    return (f"mAP50 {m:.3f}{after}: the model learned next to nothing on this data; check the "
+            "labels and train longer")
 
 
 def progress_text(d: dict) -> str:
@@ -135,7 +202,7 @@ class EventPrinter:
             self.stream.flush()
             self._live = True
         elif name == "profile":
-            self._line(f"profile verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+            self._line(f"profile verdict: {verdict_text(d)}")
         elif name == "preflight":
             self._line(f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
                        f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s")

@@ -24,12 +24,16 @@ from libreyolo_client._client import Client, Job
 from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
 from libreyolo_client._models import Event, JobInfo
 from libreyolo_client._progress import (
+    data_text,
     format_bytes,
     format_metrics,
+    learned_note,
     nodes_text,
     progress_text,
     significance_word,
     status_text,
+    unreliable_reasons,
+    verdict_text,
 )
 
 __all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text", "node_lines"]
@@ -129,7 +133,7 @@ def _summary(info: JobInfo) -> str:
         if res.get("answer"):  # a tune job
             return str(res["answer"])
         if res.get("verdict"):
-            return f"verdict {res['verdict']}"
+            return f"verdict {verdict_text(res).split(':', 1)[0]}"
         return format_metrics(res.get("metrics"), ("mAP50-95",))
     if info.status == "failed":
         return str((info.error or {}).get("reason", ""))
@@ -226,7 +230,7 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                 bar.console.print(f"epoch {d.get('epoch')}/{d.get('epochs')}  {losses}  "
                                   f"{format_metrics(d.get('metrics'))}")
             elif name == "profile":
-                bar.console.print(f"verdict: {d.get('verdict')}  {d.get('bound_why') or ''}")
+                bar.console.print(f"verdict: {verdict_text(d)}", markup=False, highlight=False)
             elif name == "progress" and d.get("phase") == "tuning" and d.get("trials_planned"):
                 bar.update(task, total=int(d["trials_planned"]),
                            completed=int(d.get("trials_done") or 0),
@@ -250,8 +254,13 @@ def _print_final(info: JobInfo) -> None:
     if res.get("metrics"):
         line += "  " + format_metrics(res["metrics"])
     if res.get("verdict") and not res.get("tune"):
-        line += f"  verdict {res['verdict']}: {res.get('bound_why') or ''}"
+        line += f"  verdict {verdict_text(res)}"
     typer.echo(line)
+    if data_text(res):
+        typer.echo(f"data: {data_text(res)}")
+    note = learned_note(res, info.model) if info.status == "succeeded" else None
+    if note:
+        typer.echo(f"note: {note}")
     if isinstance(res.get("tune"), dict):
         typer.echo(tune_table(res["tune"]))
     if isinstance(res.get("preflight"), dict):
@@ -292,8 +301,11 @@ def preflight_text(pf: dict[str, Any]) -> str:
                if p.peak_memory_mb is not None else "")
             + (f", cost {p.cost:.2f} {p.currency}" if p.cost is not None else ""))
     if p.actual is not None and p.actual.epoch_time_s is not None:
-        text += (f"\nactual:    epoch {p.actual.epoch_time_s:.1f} s (mean of {p.actual.epochs}), "
-                 f"engine {p.actual.wall_s or 0:.0f} s")
+        a = p.actual
+        total = (f", total {(a.train_s or 0) + (a.val_s or 0):.0f} s (training and validation; "
+                 f"the engine ran {a.wall_s or 0:.0f} s in all)" if a.train_s is not None
+                 else f", engine {a.wall_s or 0:.0f} s")
+        text += f"\nactual:    epoch {a.epoch_time_s:.1f} s (mean of {a.epochs}){total}"
     return text
 
 
@@ -314,9 +326,12 @@ def submit(
     time_budget_s: Annotated[float | None, typer.Option(help="wall-clock limit, s")] = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f",
                                           help="follow with a progress bar until done")] = False,
+    batch: Annotated[int | None, typer.Option(help="images per step: the same as batch=N")] = None,
     repeat: Annotated[int | None, typer.Option(help="tune: trials per configuration")] = None,
-    steps: Annotated[int | None, typer.Option(help="tune: measured steps per trial")] = None,
-    warmup: Annotated[int | None, typer.Option(help="tune: discarded steps per trial")] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="tune: measured steps per trial; profile: measured steps (profile_steps)")] = None,
+    warmup: Annotated[int | None, typer.Option(
+        help="tune: discarded steps per trial; profile: discarded steps (profile_warmup)")] = None,
     max_candidates: Annotated[int | None, typer.Option(
         help="tune: configurations tried besides the baseline")] = None,
     budget_s: Annotated[float | None, typer.Option(help="tune: time budget, s")] = None,
@@ -325,18 +340,35 @@ def submit(
 ) -> None:
     """Submit a job and print its id (with -f: follow it to the end). ``--kind tune`` takes
     the tune options (--repeat, --steps, --warmup, --max-candidates, --budget-s,
-    --min-gain); ``preflight=true`` asks a train job for its estimate first."""
+    --min-gain); ``--kind profile`` takes --steps and --warmup (its window, the keys
+    profile_steps and profile_warmup), as ``libreyolo profile run`` does; --batch N is
+    batch=N; ``preflight=true`` asks a train job for its estimate first."""
+    keys = parse_params(params or [])
+    flag_keys = {"batch": batch}
+    if kind == "profile":  # the window flags of `libreyolo profile run`, as training keys
+        flag_keys |= {"profile_steps": steps, "profile_warmup": warmup}
+        steps = warmup = None
+    for key, value in flag_keys.items():
+        if value is None:
+            continue
+        if key in keys and keys[key] != value:
+            typer.secho(f"error: {key}={keys[key]} and its flag say {value}: give one", fg="red",
+                        err=True)
+            raise typer.Exit(2)
+        keys[key] = value
     options = {k: v for k, v in (("repeat", repeat), ("steps", steps), ("warmup", warmup),
                                  ("max_candidates", max_candidates), ("budget_s", budget_s),
                                  ("min_gain", min_gain)) if v is not None}
     if options and kind != "tune":
-        typer.secho(f"error: --{next(iter(options)).replace('_', '-')} is a tune option: use it "
-                    "with --kind tune", fg="red", err=True)
+        first = next(iter(options)).replace("_", "-")
+        also = " (or with --kind profile)" if first in ("steps", "warmup") else ""
+        typer.secho(f"error: --{first} is a tune option: use it with --kind tune{also}",
+                    fg="red", err=True)
         raise typer.Exit(2)
     with _client() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
         job = c.submit(kind, model, data, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
-                       time_budget_s=time_budget_s, params=parse_params(params or []),
+                       time_budget_s=time_budget_s, params=keys,
                        tune=options if kind == "tune" else None)
         typer.echo(job.id)
         for text in job.info.warnings:
@@ -412,10 +444,16 @@ def show(
         if isinstance(res.get("tune"), dict):
             typer.echo(tune_table(res["tune"]))
         elif i.status == "succeeded":
-            typer.echo(f"best:     epoch {res.get('best_epoch')}  "
-                       f"{format_metrics(res.get('metrics'))}")
+            if i.kind != "profile" and res.get("best_epoch"):  # a profile job trains no best
+                typer.echo(f"best:     epoch {res.get('best_epoch')}  "
+                           f"{format_metrics(res.get('metrics'))}")
+            note = learned_note(res, i.model)
+            if note:
+                typer.echo(f"note:     {note}")
             if res.get("verdict"):
-                typer.echo(f"verdict:  {res['verdict']}: {res.get('bound_why') or ''}")
+                typer.echo(f"verdict:  {verdict_text(res)}")
+                if unreliable_reasons(res):
+                    typer.echo(f"          UNRELIABLE: {unreliable_reasons(res)}")
                 lever = res.get("lever") or {}
                 if lever:
                     tried = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
@@ -423,6 +461,8 @@ def show(
                                f"{lever.get('why') or ''}")
                     for tip in lever.get("also") or []:
                         typer.echo(f"          also: {tip}")
+        if data_text(res):
+            typer.echo(f"data:     {data_text(res)}")
         pf = res.get("preflight") or (i.progress or {}).get("preflight")
         if isinstance(pf, dict) and pf.get("total_s") is not None:
             typer.echo(preflight_text(pf))
@@ -455,6 +495,21 @@ def cancel(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     with _client() as c:
         info = c.cancel(job_id)
         typer.echo(f"{info.id}: {info.status}")
+
+
+@jobs_app.command("resume")
+def resume(
+    job_id: Annotated[str, typer.Argument(help="a cancelled or failed train job")],
+    follow_: Annotated[bool, typer.Option("--follow", "-f",
+                                          help="follow the new job to the end")] = False,
+) -> None:
+    """Resume a cancelled or failed train job from its last.pt: prints the new job's id."""
+    with _client() as c:
+        job = c.resume(job_id)
+        typer.echo(job.id)
+        typer.echo(f"page: {job.page_url}", err=True)
+        if follow_:
+            _print_final(follow(job))
 
 
 @jobs_app.command("download")

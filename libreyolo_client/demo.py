@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_client import Client, JobError, LibreYOLOError
-from libreyolo_client._progress import format_metrics
+from libreyolo_client._progress import format_metrics, verdict_text
 
 REPO = Path(__file__).resolve().parents[1]
 #: the easy synthetic set: 2 classes (circle, square), shapes 30-60 % of the short side,
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--imgsz", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--home", default=".libreyolo/demo", help="service state folder")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the service's port (default 0: a free one)")
     parser.add_argument("--out", default="runs/demo", help="where downloads go")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile job")
     parser.add_argument("--profile-budget-s", type=float, default=300.0,
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     home.mkdir(parents=True)
     out = Path(args.out).resolve()
     gpus = _gpu_count()
-    port = _free_port()
+    port = args.port or _free_port()
     log_path = home / "service.log"
 
     _say(f"== starting the service: libreyolo-service up --port {port} "
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 profile.wait(progress=True)
                 res = profile.result or {}
                 if res.get("verdict"):
-                    verdict = f"{res['verdict']}: {res.get('bound_why') or '(no reason given)'}"
+                    verdict = verdict_text(res)
                 if any(a.path == "timeline.html" for a in profile.artifacts()):
                     timeline = profile.download("timeline.html",
                                                 out / profile.id / "timeline.html")

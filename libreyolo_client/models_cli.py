@@ -59,12 +59,30 @@ def list_models(
         typer.echo("no models yet (libreyolo-service models upload FILE, or models publish JOB)")
 
 
+def show_text(m: Model) -> str:
+    """One model as ``key: value`` lines, as ``jobs show`` prints a job."""
+    names = ", ".join(f"{k} {v}" for k, v in list(m.names.items())[:20])
+    more = f", ... ({len(m.names)} in all)" if len(m.names) > 20 else ""
+    created = m.created_at.strftime("%Y-%m-%d %H:%M:%S") if m.created_at else ""
+    return "\n".join([
+        f"id:       {m.id}", f"name:     {m.name}", f"model:    {m.model_name}",
+        f"classes:  {m.nc}" + (f" ({names}{more})" if names else ""),
+        f"params:   {m.params / 1e6:.2f}M", f"imgsz:    {m.imgsz or '—'}",
+        f"file:     {format_bytes(m.bytes)}, {m.format or '—'}, sha256 {m.sha256}",
+        f"source:   {m.source}", f"created:  {created}",
+        f"train from it: libreyolo-service jobs submit --model {m.id} --data ..."])
+
+
 @models_app.command("show")
-def show(model_id: Annotated[str, typer.Argument(help="model id")]) -> None:
-    """Everything the service knows about one model (JSON)."""
+def show(
+    model_id: Annotated[str, typer.Argument(help="model id")],
+    as_json: Annotated[bool, typer.Option("--json", help="the whole model as JSON")] = False,
+) -> None:
+    """One model: name, family and size, classes, parameters, file, source (--json: all
+    the service knows, as JSON)."""
     with _client() as c:
         m = c.model(model_id)
-    typer.echo(json.dumps(m.model_dump(mode="json"), indent=2))
+    typer.echo(json.dumps(m.model_dump(mode="json"), indent=2) if as_json else show_text(m))
 
 
 @models_app.command("rm")

@@ -168,8 +168,20 @@ def cmd_train(keys: dict[str, Any]) -> int:
     result = yolo.train(**keys)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
         return EXIT_OK
+    if cfg.profile_then_stop:  # a profile job: a window of steps, no trained weights
+        print(f"done: profile window measured; profile.json and timeline.html in "
+              f"{result['save_dir']} (a profile run saves no weights)")
+        return EXIT_OK
+    best = result["best_checkpoint"] if Path(result["best_checkpoint"]).is_file() else None
+    weights = best or (result["last_checkpoint"] if Path(result["last_checkpoint"]).is_file()
+                       else "none saved")
     print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
-          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {result['best_checkpoint']}")
+          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {weights}")
+    from libreyolo_core.records.notes import learned_nothing
+
+    note = learned_nothing(result, result.get("epochs_completed"), not is_weights_path(model))
+    if note and cfg.val:
+        print(f"note: {note}")
     return EXIT_OK
 
 
@@ -270,7 +282,7 @@ def cmd_checks(keys: dict[str, Any]) -> int:
     """Scan every split of the dataset and print its report; exit 1 if a split is unusable."""
     from libreyolo_core.data.config import load_data_config
     from libreyolo_core.data.report import DatasetError, format_report
-    from libreyolo_core.data.scan import scan_split
+    from libreyolo_core.data.scan import require_trainable, scan_split
 
     _check_keys("checks", keys)
     if not keys.get("data"):
@@ -290,10 +302,12 @@ def cmd_checks(keys: dict[str, Any]) -> int:
         seen[key] = split
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            report = None
             try:
                 report = scan_split(dc, split, cache_dir=keys.get("cache_dir") or None)
+                require_trainable(report, split)
             except DatasetError as exc:
-                report, ok = None, False
+                ok = False
                 print(f"[{split}] error: {exc}")
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
@@ -370,12 +384,13 @@ def run(argv: Sequence[str]) -> int:
     """Run one command; returns the exit code (errors are printed, not raised)."""
     from libreyolo_core.config import ConfigError
     from libreyolo_core.distributed.batch import BatchSizeError
-    from libreyolo_core.distributed.device import DeviceError
     from libreyolo_core.models.registry import ModelNameError
 
     helped = _help(list(argv))
     if helped is not None:
         return helped
+    usage_errors: tuple[type[BaseException], ...] = (UsageError, ConfigError, ModelNameError,
+                                                     BatchSizeError)
     try:
         if list(argv[:1]) == ["profile"]:  # POSIX flags, its own parser
             from libreyolo_core.profiler.cli import main as profile_main
@@ -383,15 +398,18 @@ def run(argv: Sequence[str]) -> int:
             return profile_main(list(argv[1:]))
         command, keys = parse_args(argv)
         return HANDLERS[command](keys)
-    except (UsageError, ConfigError, ModelNameError, BatchSizeError, DeviceError) as exc:
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
-            print(f"error: {exc}", file=sys.stderr)
-        _record_error(EXIT_USAGE, exc)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - map every failure to an exit code
+        # a DeviceError can only come from its module once imported: help and the
+        # torch-free commands never import torch for it
+        device = sys.modules.get("libreyolo_core.distributed.device")
+        if isinstance(exc, usage_errors + ((device.DeviceError,) if device else ())):
+            if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
+                print(f"error: {exc}", file=sys.stderr)
+            _record_error(EXIT_USAGE, exc)
+            return EXIT_USAGE
         full = disk_full(exc)
         if full is not None:  # named, with the free space, instead of torch's message
             print(f"error: {full}", file=sys.stderr)
@@ -411,7 +429,8 @@ def _record_error(code: int, exc: BaseException) -> None:
     path = os.environ.get("LIBREYOLO_ERROR_FILE")
     if not path:
         return
-    record = {"exit_code": code, "error": f"{type(exc).__name__}: {exc}"[:2000],
+    text = _loader_worker_death(exc) or f"{type(exc).__name__}: {exc}"
+    record = {"exit_code": code, "error": text[:2000],
               "rank": int(os.environ.get("RANK", "0"))}
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -473,6 +492,43 @@ def _peer_lost(exc: BaseException) -> bool:
     return any(text in str(exc) for text in PEER_LOST)
 
 
+def _loader_worker_death(exc: BaseException) -> str | None:
+    """The sentence for a data loader worker that died (torch's ``DataLoader worker (pid
+    N) is killed by signal: Killed`` / ``exited unexpectedly``): which worker, the signal,
+    what to try; None for any other error."""
+    import re
+
+    # torch raises "exited unexpectedly" from "killed by signal: X"
+    chain: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 5:
+        chain.append(" ".join(str(seen).split()))
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(sorted(chain, key=lambda t: "killed by signal" not in t))
+    m = re.search(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|"
+                  r"exited unexpectedly(?: with exit code (-?\d+))?)", text)
+    if m is None:
+        return None
+    pid, signame, code = m.group(1).strip(), m.group(2), m.group(3)
+    if signame is None and code and code.lstrip("-").isdigit() and int(code) < 0:
+        import signal as _signal
+
+        try:
+            signame = _signal.Signals(-int(code)).name
+        except ValueError:
+            signame = f"signal {-int(code)}"
+    how = f"was killed by {signame}" if signame else "exited unexpectedly"
+    why = ""
+    if signame and ("Killed" in signame or "SIGKILL" in signame):
+        why = " (usually the kernel's out-of-memory killer: the machine ran out of memory)"
+    elif signame and ("Bus" in signame or "SIGBUS" in signame):
+        why = " (usually out of shared memory, /dev/shm)"
+    return (f"data loader worker (pid {pid}) {how}{why}. Try fewer loader workers "
+            "(workers=2, or workers=0 to load in the training process), less memory per "
+            "worker (cache=false, a smaller batch or imgsz), more memory, or more shared "
+            "memory (/dev/shm; in docker: --shm-size=2g)")
+
+
 def _exit_for(exc: Exception) -> int:
     from libreyolo_core.data.config import DataConfigError
     from libreyolo_core.data.report import DatasetError
@@ -493,8 +549,15 @@ def _exit_for(exc: Exception) -> int:
             print(f"interrupted ({exc}): stopped before the first epoch, nothing saved",
                   file=sys.stderr)
         else:
-            print(f"interrupted ({exc}): {last} saved; resume with resume={last}", file=sys.stderr)
+            # run by the service, a server path means nothing to its user: its way instead
+            how = os.environ.get("LIBREYOLO_RESUME_HINT") or f"resume={last}"
+            print(f"interrupted ({exc}): {Path(last).name if os.environ.get('LIBREYOLO_RESUME_HINT') else last} "
+                  f"saved; resume with {how}", file=sys.stderr)
         return EXIT_SIGTERM
+    loader = _loader_worker_death(exc)
+    if loader is not None:  # torch's message and a long traceback said none of this
+        print(f"error: {loader}", file=sys.stderr)
+        return EXIT_RUNTIME
     print(f"error: {exc}", file=sys.stderr)
     from libreyolo_core.predict import SourceError
 

@@ -24,6 +24,7 @@ import typer
 from typer.core import TyperGroup
 
 from libreyolo_core.distributed.parent import die_with_parent
+from service.admin_db import HomeOption, admin_settings, require_database
 from service.credentials import save_credentials, saved_token
 from service.settings import Settings
 from service.tokens_cli import add_token_commands, parse_duration
@@ -61,6 +62,23 @@ class _WithClientCommands(TyperGroup):
         group.name = cmd_name
         return group
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """Typer's, whose did-you-mean sees only the commands already loaded: here the SDK's
+        are matched too (``job`` -> ``jobs``)."""
+        # Typer vendors its own copy of Click: its UsageError, not click's
+        usage_error = typer.core._click.exceptions.UsageError
+        try:
+            return super().resolve_command(ctx, args)
+        except usage_error as exc:
+            if args and "Did you mean" not in exc.message:
+                import difflib
+
+                matches = difflib.get_close_matches(args[0], self.list_commands(ctx))
+                if matches:
+                    exc.message = (f"{exc.message.rstrip('.')}. Did you mean "
+                                   f"{', '.join(repr(m) for m in matches)}?")
+            raise
+
 
 app = typer.Typer(help="LibreYOLO training service", no_args_is_help=True,
                   pretty_exceptions_enable=False, cls=_WithClientCommands)
@@ -79,11 +97,12 @@ def _settings() -> Settings:
 
 
 @db_app.command("upgrade")
-def db_upgrade(revision: str = "head") -> None:
+def db_upgrade(revision: str = "head", home: HomeOption = None) -> None:
     """Apply the Alembic migrations (creates the tables on a new database)."""
     from service.db.migrate import upgrade
 
-    settings = _settings()
+    settings = admin_settings(home)
+    settings.ensure_dirs()
     upgrade(settings.database_url, revision)
     typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
 
@@ -117,12 +136,14 @@ def token_create(
     admin: Annotated[bool, typer.Option(help="the user sees every job")] = False,
     expires_in: Annotated[str | None, typer.Option(
         help="expire after this long: 90s, 30m, 12h, 30d, 2w (default: never)")] = None,
+    home: HomeOption = None,
 ) -> None:
-    """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept)."""
-    from service.db.migrate import upgrade
+    """Create a bearer token for user NAME and print it (shown once; only its sha256 is kept).
 
-    settings = _settings()
-    upgrade(settings.database_url)
+    It writes the service's existing database (the one `up` made under LIBREYOLO_HOME, by
+    default ./.libreyolo) and names it on stderr; it creates none."""
+    settings = admin_settings(home)
+    require_database(settings, home)
     typer.echo(_create_token(settings, name, admin,
                              parse_duration(expires_in) if expires_in else None))
 
@@ -175,7 +196,17 @@ def worker(
     (and LIBREYOLO_BROKER_URL, LIBREYOLO_ARTIFACT_ROOT) as the API. It refuses a database
     that was never set up."""
     argv = _worker_argv(gpus, cpu)
+    _root_note()
     os.execv(argv[0], argv)
+
+
+def _root_note() -> None:
+    """Our word before Celery's "superuser privileges" warning: what it means here."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        typer.echo("note:   running as root, so Celery warns below that the worker has superuser "
+                   "privileges: the engine it starts runs as root too. Fine in a container or "
+                   "on your own machine; on a shared one, start the service as a regular user",
+                   err=True)
 
 
 UP_HELP = f"""Embedded mode: migrations, an admin token, the API and one worker.
@@ -248,6 +279,7 @@ def up(
         return subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, me))
 
+    _root_note()
     me = os.getpid()
     procs = {name: start(argv) for name, argv in argvs.items()}
     crashes: dict[str, list[float]] = {name: [] for name in argvs}

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from service.settings import Settings
+from service.admin_db import HomeOption, admin_settings
 from service.users_cli import _sessions
 
 __all__ = ["add_token_commands", "parse_duration"]
@@ -34,11 +34,12 @@ def _when(value) -> str:
 
 def token_list(
     user: Annotated[str | None, typer.Option(help="only this user's tokens")] = None,
+    home: HomeOption = None,
 ) -> None:
     """Every token: id, user, name, created, expires, state (never the token itself)."""
     from service.users import list_tokens
 
-    engine, sessions = _sessions(Settings())
+    engine, sessions = _sessions(admin_settings(home), home)
     try:
         with sessions() as s:
             rows = list_tokens(s, user)
@@ -54,11 +55,12 @@ def token_list(
                    f"{_when(r['expires_at']):<20}  {r['name']}")
 
 
-def token_revoke(token_id: Annotated[str, typer.Argument(help="the token's id (token list)")]) -> None:
+def token_revoke(token_id: Annotated[str, typer.Argument(help="the token's id (token list)")],
+                 home: HomeOption = None) -> None:
     """Revoke a token: every API process refuses it within a second."""
     from service.users import revoke_token
 
-    engine, sessions = _sessions(Settings())
+    engine, sessions = _sessions(admin_settings(home), home)
     try:
         with sessions() as s:
             changed = revoke_token(s, token_id)

@@ -3,10 +3,12 @@ it writes the database named by the settings, like ``token create``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from service.admin_db import HomeOption, admin_settings, require_database
 from service.settings import Settings
 
 __all__ = ["users_app"]
@@ -14,12 +16,10 @@ __all__ = ["users_app"]
 users_app = typer.Typer(help="users and their cap on running jobs", no_args_is_help=True)
 
 
-def _sessions(settings: Settings):
-    from service.db.migrate import upgrade
+def _sessions(settings: Settings, home: Path | None):
     from service.db.session import make_engine, make_session_factory
 
-    settings.ensure_dirs()
-    upgrade(settings.database_url)
+    require_database(settings, home)
     engine = make_engine(settings.database_url)
     return engine, make_session_factory(engine)
 
@@ -32,15 +32,15 @@ def _cap_text(cap: int | None, settings: Settings) -> str:
 
 
 @users_app.command("list")
-def users_list() -> None:
+def users_list(home: HomeOption = None) -> None:
     """Every user: admin or not, cap on running jobs, jobs running and queued now."""
     from sqlalchemy import func, select
 
     from service.db.models import Job, User
     from service.lifecycle import ACTIVE, JobStatus
 
-    settings = Settings()
-    engine, sessions = _sessions(settings)
+    settings = admin_settings(home)
+    engine, sessions = _sessions(settings, home)
     try:
         with sessions() as s:
             counts = {(o, st): n for o, st, n in s.execute(
@@ -65,6 +65,7 @@ def users_cap(
         min=0, help="running jobs the user may have at once; 0: no cap")] = None,
     default: Annotated[bool, typer.Option(
         "--default", help="back to the setting max_running_per_user")] = False,
+    home: HomeOption = None,
 ) -> None:
     """Show or set how many running jobs user NAME may have at once (all queues together).
 
@@ -74,10 +75,10 @@ def users_cap(
     from service.scheduler import wake_targets
     from service.users import set_user_cap
 
-    settings = Settings()
+    settings = admin_settings(home)
     if default and max_running is not None:
         raise typer.BadParameter("give a number or --default, not both")
-    engine, sessions = _sessions(settings)
+    engine, sessions = _sessions(settings, home)
     try:
         with sessions() as s:
             if max_running is None and not default:

@@ -39,3 +39,46 @@ def coco128_dir(tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("coco") / "coco128"
     shutil.copytree(COCO128, dst)
     return dst
+
+
+#: skip-reason keyword -> (group, how to enable it); the first match names the group.
+SKIP_GROUPS = (
+    (("chromium", "playwright"), "browser",
+     "apt-get install chromium (as .ci/run does) and the dev extra (playwright)"),
+    (("docker-compose",), "compose", "apt-get install --no-install-recommends docker-compose"),
+    (("coco128",), "coco128", f"put coco128 at {COCO128} or set COCO128=/path/to/coco128"),
+    (("cuda", "gpu", "bfloat16", "pinned memory", "mps"), "gpu",
+     "a GPU machine (make gpu-check runs them all)"),
+    (("redis", "postgres"), "servers", "start PostgreSQL and Redis on 127.0.0.1 (.ci/run does)"),
+)
+
+
+def skip_groups(reasons: list[str]) -> dict[str, tuple[int, str]]:
+    """``{group: (skips, how to enable)}`` for the skip reasons of a session (#28.12)."""
+    out: dict[str, tuple[int, str]] = {}
+    for reason in reasons:
+        low = reason.lower()
+        group, how = next(((g, h) for keys, g, h in SKIP_GROUPS if any(k in low for k in keys)),
+                          ("other", "see `pytest -rs` for the reasons"))
+        out[group] = (out.get(group, (0, how))[0] + 1, how)
+    return out
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One closing line naming each group of skipped tests and how to enable it, so that a
+    run in a plain clone does not quietly cover less."""
+    reasons = []
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(rep, "longrepr", None)
+        reasons.append(str(longrepr[2] if isinstance(longrepr, tuple) else longrepr or ""))
+    groups = skip_groups(reasons)
+    if groups:  # printed last, after pytest's own summary line (pytest_unconfigure)
+        config._skip_groups_line = "skipped groups: " + "; ".join(
+            f"{g} ({n} skipped: {how})" for g, (n, how) in sorted(groups.items()))
+
+
+def pytest_unconfigure(config) -> None:
+    line = getattr(config, "_skip_groups_line", None)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line, yellow=True)

@@ -22,8 +22,8 @@ __all__ = ["actual_timing", "result_summary"]
 def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
     """The job's ``result``: ``status`` (the engine's ``run_end``), ``best_epoch``,
     ``metrics``, ``epochs_completed``, ``names`` (class id -> name: the keys of
-    ``metrics.per_class_AP``); ``verdict``, ``bound_why``, ``lever`` and ``profile`` after
-    a profile event; ``preflight`` (with its ``actual`` timing) when ``preflight.json``
+    ``metrics.per_class_AP``), ``data`` (each split's scan: images, boxes, defect
+    counts); ``verdict``, ``bound_why``, ``lever`` and ``profile`` after a profile event; ``preflight`` (with its ``actual`` timing) when ``preflight.json``
     exists; for ``kind == "tune"``, ``tune``, ``answer`` and ``recommended_params`` from
     ``tune.json``."""
     end = seen.run_end
@@ -37,6 +37,8 @@ def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
         "epochs_completed": progress.get("epochs_completed", 0),
         "names": end.names if end is not None else None,  # the keys of metrics.per_class_AP
     }
+    if end is not None and end.data:  # the scan's counts: images, boxes, label defects
+        result["data"] = end.data
     if seen.profile is not None:
         prof = seen.profile.payload()
         result["verdict"] = seen.profile.verdict

@@ -410,6 +410,9 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     env["LIBREYOLO_ERROR_FILE"] = str(error_file)
     env[HANG_FACTOR_ENV] = f"{settings.hang_factor:g}"  # the engine's hang watchdog
     env[HANG_MIN_S_ENV] = f"{settings.hang_min_s:g}"
+    # what a stopped run's log tells a remote user (not resume=<server path>)
+    env["LIBREYOLO_RESUME_HINT"] = (f"`libreyolo-service jobs resume {job_id}` (POST "
+                                    f"/v1/jobs/{job_id}/resume, or Resume on its page)")
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     env["LIBREYOLO_JOB_ID"], env["LIBREYOLO_USER"] = job.id, job.owner_id  # tracker tags

@@ -140,6 +140,42 @@ class ScanReport:
         """Sum of all defect counts."""
         return sum(self.defects.values())
 
+    def unusable_reason(self, split: str) -> str | None:
+        """Why this split cannot be trained on although images were read, or None.
+
+        * every label file sits beside its images (or in a sibling folder), none where
+          the ``images/ -> labels/`` rule looks: the rule is explained;
+        * a train split (``split == "train"``) with no usable box at all: nothing to
+          learn (e.g. every class id outside ``names``); the defect counts are named.
+        """
+        what = self.source or f"split {split!r}"
+        elsewhere = self.defects.get("label_elsewhere", 0)
+        if self.records and elsewhere and self.n_missing_labels == len(self.records):
+            return (f"{what}: none of the {len(self.records)} images has its label file where "
+                    f"LibreYOLO looks, and {elsewhere} have a .txt beside them or in a sibling "
+                    "folder. The rule (YOLO/Ultralytics layout): the last 'images' folder of an "
+                    "image's path becomes 'labels' and the extension '.txt', e.g. "
+                    "d/images/train/a.jpg -> d/labels/train/a.txt. Move the .txt files there")
+        if split == "train" and self.records and self.n_boxes == 0:
+            found = ", ".join(f"{k} {v}" for k, v in self.defects.items() if v)
+            why = f" (label rows dropped: {found})" if found else " (every image is a background)"
+            hint = ""
+            if self.defects.get("bad_class"):
+                hint = (f"; names has {len(self.names)} entries, so class ids must be "
+                        f"0..{len(self.names) - 1}: fix the labels or the yaml's names")
+            return (f"{what}: no usable box in {len(self.records)} images{why}{hint}. "
+                    "Training would learn nothing")
+        return None
+
+    def defect_summary(self) -> dict[str, Any]:
+        """What a job's result keeps of the scan: ``images``, ``usable``, ``boxes``,
+        ``n_defects``, ``defects`` (the kinds that occurred, with their counts),
+        ``rows_dropped`` and ``skipped`` (images)."""
+        return {"images": self.n_images, "usable": self.n_usable, "boxes": self.n_boxes,
+                "n_defects": self.n_defects,
+                "defects": {k: v for k, v in self.defects.items() if v},
+                "rows_dropped": self.rows_dropped, "skipped": len(self.skipped)}
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (no per-image labels)."""
         return {

@@ -71,7 +71,7 @@ from libreyolo_core.data.report import (
 )
 from libreyolo_core.data.scan_cache import cache_key, cache_path, load_cache, save_cache
 
-__all__ = ["MAX_WARNINGS_PER_KIND", "scan_images", "scan_split"]
+__all__ = ["MAX_WARNINGS_PER_KIND", "require_trainable", "scan_images", "scan_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +258,21 @@ def scan_split(cfg: DataConfig, split: str, cache: bool = True,
     """
     return scan_images(cfg.split(split), cfg.names, cache=cache, source=cfg.describe(split),
                        cache_dir=cache_dir)
+
+
+def require_trainable(report: ScanReport, split: str) -> ScanReport:
+    """``report`` when a run can use split ``split`` (a scan of it), for training, a
+    profile or ``libreyolo checks``; the scan itself only reports.
+
+    Raises:
+        DatasetError: every label file sits beside its images instead of where the
+            ``images/ -> labels/`` rule looks, or a train split has no usable box
+            (:meth:`~libreyolo_core.data.report.ScanReport.unusable_reason`).
+    """
+    reason = report.unusable_reason(split)
+    if reason is not None:
+        raise DatasetError(reason)
+    return report
 
 
 def _scan(

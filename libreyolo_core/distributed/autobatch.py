@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_BATCH", "MAX_EXTRAPOLATION", "AutobatchError", "choose_batch", "probe_batch", "fit_batch",
+__all__ = ["DEFAULT_BATCH", "MAX_EXTRAPOLATION", "AutobatchError", "choose_batch", "nothing_fits", "probe_batch", "fit_batch",
            "global_batch", "autobatch"]
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,16 @@ MAX_EXTRAPOLATION = 4
 
 class AutobatchError(RuntimeError):
     """Not even batch 1 fits on the device (or probing failed before any probe fitted)."""
+
+
+def nothing_fits(device: str, total: float, free: float | None, stopped: str, imgsz: int) -> str:
+    """The error of an autobatch that found no batch: the device, its memory (total and
+    free, bytes), why probing stopped, and the ways out (a fixed ``batch=``)."""
+    mem = f"{total / 2**30:.1f} GiB" + (f", {free / 2**30:.1f} GiB free" if free is not None else "")
+    return (f"autobatch: not even batch 1 fits on {device} ({mem}; {stopped}). Set a fixed "
+            f"batch= instead of batch=-1 (batch=1 with a smaller imgsz than {imgsz}), use a "
+            "smaller model, or free the GPU (other processes hold "
+            + (f"{(total - free) / 2**30:.1f} GiB of it)" if free is not None else "part of it)"))
 
 
 def choose_batch(sizes: list[int], memory: list[float], total: float, fraction: float = 0.60,
@@ -193,8 +203,10 @@ def probe_batch(
     measured = ", ".join(f"{b}: {m / 2**30:.2f} GiB" for b, m in zip(sizes, memory, strict=True))
     try:
         chosen, why = choose_batch(sizes, memory, total, fraction, default)
-    except AutobatchError as exc:
-        raise AutobatchError(f"{exc} ({stopped})") from None
+    except AutobatchError:
+        free = torch.cuda.mem_get_info(device)[0] if hasattr(torch.cuda, "mem_get_info") else None
+        raise AutobatchError(nothing_fits(f"{device} ({torch.cuda.get_device_name(device)})",
+                                          total, free, stopped, imgsz)) from None
     log.warning("autobatch on %s (%.1f GiB): measured {%s}; %s; chose batch %d per device (%s)",
                 device, total / 2**30, measured, stopped, chosen, why)
     return chosen

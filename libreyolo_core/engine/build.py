@@ -23,7 +23,7 @@ from libreyolo_core.config import TrainConfig
 from libreyolo_core.data.config import DataConfig
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.loader import build_dataloader
-from libreyolo_core.data.scan import scan_split
+from libreyolo_core.data.scan import require_trainable, scan_split
 from libreyolo_core.data.workers import apply_threads, local_ranks, plan_workers
 from libreyolo_core.distributed.autobatch import autobatch
 from libreyolo_core.distributed.batch import per_rank_batch
@@ -65,6 +65,8 @@ class TrainParts:
             steps of one epoch.
         optimizer, schedule: the parameter groups and the lr / momentum schedule.
         ema: the weights' moving average (rank 0 with ``ema=True``), else None.
+        data_summary: ``{"train": ..., "val": ...}``, each split's
+            :meth:`~libreyolo_core.data.report.ScanReport.defect_summary` (the run's result).
     """
 
     model: nn.Module
@@ -83,6 +85,7 @@ class TrainParts:
     steps_per_epoch: int
     schedule: LRSchedule
     ema: ModelEMA | None
+    data_summary: dict[str, Any] | None = None
 
 
 def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, dist: DistContext,
@@ -148,13 +151,15 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
                       train_set=train_set, train_loader=train_loader, val_loader=val_loader,
                       loss_fn=loss_fn, item_names=tuple(loss_fn.item_names), cuda_graph=cuda_graph,
                       accumulate=accumulate, optimizer=optimizer, steps_per_epoch=steps_per_epoch,
-                      schedule=schedule, ema=ema)
+                      schedule=schedule, ema=ema,
+                      data_summary={name: r.defect_summary() for name, r in
+                                    (("train", train_report), ("val", val_report)) if r is not None})
 
 
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:
     """The train split's scan report and the val split's (the train split when the yaml
     has no ``val:``; None unless ``val`` and rank 0)."""
-    train_report = scan_split(data, "train", cache_dir=cfg.cache_dir)
+    train_report = require_trainable(scan_split(data, "train", cache_dir=cfg.cache_dir), "train")
     val_split = "val" if data.val else "train"
     if val_split == "train" and cfg.val and main:
         log.warning("%s has no 'val:' split: validating on the train split (its metrics "
@@ -191,6 +196,13 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     train_loader = build_dataloader(train_set, rank_batch, plan.workers, shuffle=True, seed=cfg.seed,
                                     rank=dist.rank, world_size=dist.world_size,
                                     drop_last=visible >= rank_batch)
+    if visible < rank_batch and dist.is_main:
+        world, per_rank = dist.world_size, " per rank" if dist.world_size > 1 else ""
+        log.warning("batch=%d is more than the %d training images%s: every epoch is one partial "
+                    "batch of %d (one optimizer step), while what scales with the batch (weight "
+                    "decay, nbs accumulation) assumes %d; use batch=%d or less",
+                    rank_batch * world, visible, per_rank, visible, rank_batch * world,
+                    visible * world)
     if visible >= rank_batch and visible % rank_batch and dist.is_main:
         log.info("the sampler drops the last %d of %d images of each epoch on each rank (a partial "
                  "batch of %d); shuffling drops other images each epoch", visible % rank_batch,

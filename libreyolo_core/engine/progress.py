@@ -146,7 +146,9 @@ class ProgressHook(HookBase):
         t.events.write(RunEndEvent(status=t.status, best_epoch=st.best_epoch,
                                    metrics=st.best_metrics or st.metrics, error=t.error,
                                    names=t.names, nonfinite_skipped=st.nonfinite_skipped,
-                                   timing=t.timing()))
+                                   timing=t.timing(),
+                                   **({"data": t.parts.data_summary}
+                                      if t.parts is not None and t.parts.data_summary else {})))
         t.events.close()
 
     def eta(self, epoch: int, done: int, nb: int, elapsed: float) -> Eta:

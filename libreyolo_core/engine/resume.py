@@ -148,8 +148,18 @@ def open_resume(cfg: TrainConfig) -> Resume | None:
 def announce_resume(resume: Resume, *, start_epoch: int, epochs: int, lr: float, step: int,
                     schedule: str, main: bool) -> None:
     """Log where the resumed run continues: the epoch, the learning rate at ``step`` of the
-    ``schedule``; a warning when nothing is left to train, and (rank 0) when the file is
-    not ``last.pt`` (the later epochs are trained again)."""
+    ``schedule``; a warning when ``epochs`` differs from the checkpoint's (``epochs 4 -> 6``
+    and what it does to the schedule), when nothing is left to train, and (rank 0) when
+    the file is not ``last.pt`` (the later epochs are trained again)."""
+    before = (resume.ckpt.get("config") or {}).get("epochs")
+    if isinstance(before, int) and before != epochs and main:
+        no_aug = (resume.ckpt.get("config") or {}).get("no_aug_epochs")
+        log.warning("epochs %d -> %d (changed on resume): the %s schedule is laid out again over "
+                    "%d epochs, so the learning rate continues at %.6g (step %d) and reaches its "
+                    "final value at epoch %d instead of %d%s", before, epochs, schedule, epochs, lr,
+                    step, epochs, before,
+                    f"; the last {no_aug} epochs without mosaic move with the end"
+                    if isinstance(no_aug, int) and no_aug else "")
     if start_epoch >= epochs:
         log.warning("%s: the run already finished its %d epochs; nothing to train (pass a larger "
                     "epochs= to train longer)", resume.path, epochs)

@@ -73,14 +73,13 @@ class OnnxDetector:
         :class:`~libreyolo_core.facade.Prediction` per image, boxes in original pixels.
         A static export runs at its own ``imgsz`` only."""
         from libreyolo_core.data.augment import letterbox
-        from libreyolo_core.data.image import load_image
         from libreyolo_core.facade import LibreYOLO, Prediction
         from libreyolo_core.models.postprocess import scale_boxes
+        from libreyolo_core.predict import expand_source, iter_frames
 
         size = int(imgsz or self.imgsz)
         out = []
-        for item, path in LibreYOLO._sources(source):
-            img = load_image(item) if path is not None else LibreYOLO._as_rgb(item)
+        for img, src, _frame, _fps in iter_frames(expand_source(source), LibreYOLO._as_rgb):
             h0, w0 = img.shape[:2]
             canvas, _, ratio, pad = letterbox(img, size)
             x = np.ascontiguousarray(canvas.transpose(2, 0, 1))[None]
@@ -89,5 +88,5 @@ class OnnxDetector:
             classes = pred[:, 5].long().numpy()
             out.append(Prediction(boxes.numpy().astype(np.float32), pred[:, 4].numpy().astype(np.float32),
                                   classes, [self.names.get(int(c), str(int(c))) for c in classes],
-                                  str(path) if path is not None else None, (h0, w0)))
+                                  str(src.path) if src.kind != "array" else None, (h0, w0)))
         return out

@@ -146,7 +146,8 @@ def build_profile(
     kernels = g.get("kernels", [])
     phases = _phase_rows(a.get("phases", []), composition_ms, real["dataload_ms"], gpu)
     notes = _notes(device_type, meta, analysis, trace_error)
-    confidence = assess(*spread, load, bound) if spread is not None else None
+    confidence = (assess(*spread, load, bound, fitted=meta.get("window_fitted"))
+                  if spread is not None else None)
     fields: dict[str, Any] = {
         "schema": SCHEMA,
         "trace": trace,

@@ -56,7 +56,8 @@ class Confidence:
         reliable: False when the window is too noisy or the machine was loaded (``reasons``).
         reasons: one sentence per problem found, with its figures; empty when reliable.
         flags: the problems as names, one per reason: ``few_steps``, ``noisy_steps``,
-            ``close_call``, ``loaded`` (a repeat aggregate: those of any trial, and
+            ``close_call``, ``short_window``, ``loaded`` (a repeat aggregate: those of any
+            trial, and
             ``trials_disagree``).
         advice: what to do when unreliable (``--repeat``, more ``--steps``), else ``None``.
         steps: unsynced steps the spread comes from.
@@ -108,7 +109,7 @@ def _r(x: float | None, nd: int = 4) -> float | None:
 
 
 def assess(step_ms: Sequence[float], dataload_ms: Sequence[float], load: WindowLoad | None,
-           bound: str) -> Confidence:
+           bound: str, fitted: str | None = None) -> Confidence:
     """Judge one window (see the module docstring for the rules).
 
     Args:
@@ -116,6 +117,8 @@ def assess(step_ms: Sequence[float], dataload_ms: Sequence[float], load: WindowL
         load: the machine's load during the window, or ``None`` when not read.
         bound: the verdict; the close-call rule applies only where the data-wait rule was
             reached (not to ``memory-pressure``).
+        fitted: the sentence of a window that was fitted into one epoch (shorter than
+            asked): flag ``short_window``.
     """
     n = len(step_ms)
     step_cv, data_cv = cv(step_ms), cv(dataload_ms)
@@ -139,6 +142,9 @@ def assess(step_ms: Sequence[float], dataload_ms: Sequence[float], load: WindowL
                 f"data wait {100 * frac:.0f}% ± {100 * se:.0f}% (standard error) is within "
                 f"{V.MARGIN_SE:g} standard errors of the {100 * V.DATALOADER_FRAC:.0f}% "
                 "dataloader threshold: a close call")
+    if fitted:
+        flags.append("short_window")
+        reasons.append(f"{fitted}: a short window (a bigger dataset measures more steps)")
     other = load.other_cpu_frac if load is not None else None
     if load is not None and other is not None and other >= V.LOADED_OTHER_FRAC:
         flags.append("loaded")

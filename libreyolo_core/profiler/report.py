@@ -311,7 +311,9 @@ def environment(before: ProfileRecord | Mapping[str, Any],
 def compare_profiles(before: ProfileRecord | Mapping[str, Any],
                      after: ProfileRecord | Mapping[str, Any]) -> Comparison:
     """Headline deltas ``after - before``, the significance call, both sides' load and
-    whether the environment may explain the delta (:func:`environment`)."""
+    whether the environment may explain the delta (:func:`environment`). A delta beyond
+    the noise that the environment may explain is not called significant:
+    ``significant`` is None, ``beyond_noise`` True and the reason says why."""
     a, b = ProfileRecord.of(before), ProfileRecord.of(after)
 
     def pair(key: str, fa: Any = None, fb: Any = None) -> dict[str, Any]:
@@ -330,6 +332,12 @@ def compare_profiles(before: ProfileRecord | Mapping[str, Any],
     def reliable(p: ProfileRecord) -> bool | None:
         return p.confidence.reliable if p.confidence is not None else None
 
+    sig, env = significance(a, b), environment(a, b)
+    if sig.get("significant") is True and env.may_explain is True:
+        # beyond the noise of the trials, but the machine's load may explain it: no call
+        sig = {**sig, "significant": None, "beyond_noise": True,
+               "reason": f"{sig['reason']}, but the environment may explain the delta (see "
+                         "environment): no significance call"}
     return Comparison(
         metrics={
             "img_per_s": pair("img_per_s"),
@@ -341,10 +349,10 @@ def compare_profiles(before: ProfileRecord | Mapping[str, Any],
             "launches_per_step": pair("launches_per_step"),
         },
         bound={"before": a.bound, "after": b.bound},
-        significance=significance(a, b),
+        significance=sig,
         load={"before": side_load(a), "after": side_load(b)},
         reliable={"before": reliable(a), "after": reliable(b)},
-        environment=environment(a, b),
+        environment=env,
     )
 
 

@@ -326,7 +326,8 @@ def judge(baseline: ProfileRecord | Mapping[str, Any], candidate: ProfileRecord 
 
     base, cand = ProfileRecord.of(baseline), ProfileRecord.of(candidate)
     c = compare_profiles(base, cand)
-    sig = c.significance.get("significant")
+    # the statistical call; whether the load explains it is judged here (load_bound)
+    sig = True if c.significance.get("beyond_noise") else c.significance.get("significant")
     ib, ic = base.img_per_s, cand.img_per_s
     tb = list(base.img_per_s_trials or [ib])
     tc = list(cand.img_per_s_trials or [ic])
@@ -361,7 +362,9 @@ def judge(baseline: ProfileRecord | Mapping[str, Any], candidate: ProfileRecord 
                      f"but under the candidate's load the baseline would have reached at most "
                      f"{bound:.1f} img/s, and the slowest candidate trial ran {min(tc):.1f}: the "
                      "load does not explain the gain")
-    return c, {"significant": sig, "gain": None if gain is None else round(gain, 4),
+    # a delta the environment explains is not called significant anywhere
+    shown = None if sig is True and env_explains else sig
+    return c, {"significant": shown, "gain": None if gain is None else round(gain, 4),
                "gain_low": None if gain_low is None else round(gain_low, 4),
                "separated": separated,
                "load_bound": None if bound is None or math.isinf(bound) else round(bound, 3),

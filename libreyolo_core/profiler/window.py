@@ -155,19 +155,27 @@ def ways_out(*, needed: int, available: int, batch: int, images: int | None,
         return [fewer, smaller, bigger]
     smaller = ""
     for b in range(batch - 1, 0, -1):
-        need_b = plan_window(req_w, req_s, accumulate_steps(b, nbs)).total if nbs else needed
-        if images >= b and _epoch_steps(images, b) >= need_b:
-            smaller = (f"a smaller batch: --batch {b} gives {_epoch_steps(images, b)} steps per "
+        acc_b = accumulate_steps(b, nbs) if nbs else acc
+        need_b = plan_window(req_w, req_s, acc_b).total if nbs else needed
+        have = _epoch_steps(images, b)
+        if images < b:
+            continue
+        if have >= need_b:
+            smaller = (f"a smaller batch: --batch {b} (batch={b}) gives {have} steps per "
                        f"epoch, enough for the {need_b}-step window")
+            break
+        fitted = _fit(have, req_w, req_s, acc_b)
+        if fitted is not None:  # the profiler fits its window into that epoch itself
+            smaller = (f"a smaller batch: --batch {b} (batch={b}) gives {have} steps per "
+                       f"epoch, where the window is fitted to {fitted[0]} + {fitted[1]} steps")
             break
     if not smaller:
         smaller = (f"a smaller batch alone cannot: even --batch 1 gives only {images} "
                    f"step{'s' if images != 1 else ''} per epoch")
-        both = _fit(images, warm, steps, 1) if batch > 1 and not nbs else None
-        if both is not None:
-            smaller += f"; --batch 1 with {flags(*both)} fits"
-    bigger = (f"a bigger dataset: at least {needed * batch} training images for {needed} steps "
-              f"at batch {batch} (this one has {images})")
+    least = acc * math.ceil(MIN_STEPS / acc)
+    bigger = (f"a bigger dataset: at least {least * batch} training images at batch {batch} "
+              f"for a fitted window, {needed * batch} for the whole {needed}-step one (this "
+              f"one has {images})")
     return [fewer, smaller, bigger]
 
 
@@ -238,8 +246,13 @@ class TrainingProfiler:
     Besides the per-step times, the machine's load over the measured steps is read
     (:mod:`libreyolo_core.profiler.load`) at their start and at the window's end.
 
+    A window that one epoch cannot hold is fitted into it, measured steps first (as a
+    tune's is): one warning line says so, ``fitted`` and ``meta["window_fitted"]`` keep the
+    sentence, and the verdict's confidence carries the ``short_window`` flag.
+
     Raises:
-        ProfileWindowError: one epoch (``steps_available``) cannot hold ``warmup + steps``.
+        ProfileWindowError: one epoch (``steps_available``) cannot hold even the smallest
+            window (2 measured steps, in whole accumulation windows).
     """
 
     def __init__(
@@ -265,9 +278,22 @@ class TrainingProfiler:
                 self.window.warmup,
                 self.window.steps,
             )
+        self.fitted: str | None = None
         if steps_available is not None and steps_available < self.window.total:
-            raise ProfileWindowError(self.window.total, int(steps_available), int(batch),
-                                     images=images, window=self.window, nbs=nbs)
+            asked = self.window
+            fit = _fit(int(steps_available), asked.warmup, asked.steps, asked.accumulate)
+            if fit is None:
+                raise ProfileWindowError(asked.total, int(steps_available), int(batch),
+                                         images=images, window=asked, nbs=nbs)
+            # as a tune does: the window shrinks to one epoch (measured steps first)
+            self.window = Window(warmup=fit[0], steps=fit[1], half=max(1, fit[1] // 2),
+                                 accumulate=asked.accumulate, requested=asked.requested)
+            epoch = (f"one epoch of {images} images at batch {batch}" if images is not None
+                     else f"one epoch at batch {batch}")
+            self.fitted = (f"the profile window was fitted into the first epoch: warmup "
+                           f"{fit[0]} + {fit[1]} measured steps (asked {asked.warmup} + "
+                           f"{asked.steps}; {epoch} has {steps_available} steps)")
+            log.warning("profile: %s; a short window makes a less certain verdict", self.fitted)
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.batch = int(batch)
@@ -275,6 +301,8 @@ class TrainingProfiler:
         self.want_trace = bool(getattr(cfg, "profile_trace", True))
         self.open_browser = bool(getattr(cfg, "profile_open", False))
         self.meta = dict(meta or {})
+        if self.fitted is not None:
+            self.meta["window_fitted"] = self.fitted
         self.records: list[StepRecord] = []
         self.done = False
         self._current = StepRecord(0, self._kind(0))

@@ -313,7 +313,8 @@ class TuneEvent(EngineEvent):
 class RunEndEvent(EngineEvent):
     """A run ended: ``status`` (``completed``, ``failed``, ``interrupted``, ...),
     ``best_epoch`` (1-based), the best (or last) ``metrics``, ``error``, ``names`` (class id
-    -> name), ``nonfinite_skipped`` steps, ``timing`` (seconds; ``wall_s`` at least)."""
+    -> name), ``nonfinite_skipped`` steps, ``timing`` (seconds; ``wall_s`` at least),
+    ``data`` (each split's scan: images, boxes, defect counts)."""
 
     NAME = "run_end"
     status: str | None = None
@@ -323,6 +324,7 @@ class RunEndEvent(EngineEvent):
     names: dict[str, Any] | None = None
     nonfinite_skipped: int | None = None
     timing: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
 
 
 #: Event name -> its record type.

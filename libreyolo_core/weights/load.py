@@ -130,6 +130,14 @@ def _split(raw: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     """``(state, meta, wrapped)`` of a loaded file; ``wrapped``: the state sat under a key."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: not a weights file (holds a {type(raw).__name__}, not a dict)")
+    ema = raw.get("ema")
+    if isinstance(ema, dict) and ema and all(isinstance(v, torch.Tensor) for v in ema.values()):
+        # a file with the raw weights under 'model' and their moving average under 'ema'
+        # (YOLOX-style and other trainers' checkpoints): the average is what was validated
+        others = [k for k in ("model", "state_dict") if isinstance(raw.get(k), dict)]
+        log.info("%s: using its 'ema' entry (the averaged weights)%s", path.name,
+                 f", not '{others[0]}' (the raw training weights)" if others else "")
+        return ema, {k: v for k, v in raw.items() if k not in ("ema", *others)}, True
     for key in ("model", "state_dict"):
         if isinstance(raw.get(key), dict):
             return raw[key], {k: v for k, v in raw.items() if k != key}, True

@@ -15,6 +15,7 @@ Two widened cases, both explicit:
 from __future__ import annotations
 
 import pickletools
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,29 @@ def pickled_globals(path: Path) -> list[str]:
 _ALLOWED = ("torch.", "numpy.", "collections.OrderedDict", "_codecs.encode")
 
 
+#: torch globals that are code, not tensors: a pickled nn.Module (``torch.save(model)``)
+_CODE = ("torch.nn.modules.", "torch.nn.parallel.", "torch.optim.", "torch.jit.")
+
+
+def _reason(exc: Exception) -> str:
+    """The first sentence of an unpickling error, whole (torch's run to a page and suggest
+    ``weights_only=False``, which we never do)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for stop in (" Weights only load failed", " Re-running", " In PyTorch 2.6", " (Could this"):
+        text = text.split(stop, 1)[0]
+    text = text.split(". ", 1)[0].rstrip(". ")
+    if "weights_only" in text:
+        text = "the file needs more than tensors and plain values to load"
+    if len(text) > 300:
+        text = text[:300].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
 def _refusal(path: Path, exc: Exception) -> CheckpointError:
-    foreign = [g for g in pickled_globals(path) if not g.startswith(_ALLOWED)]
+    foreign = [g for g in pickled_globals(path) if not g.startswith(_ALLOWED) or g.startswith(_CODE)]
+    # what torch's weights-only unpickler itself refused (an allowed prefix, a class of it)
+    foreign += [g for g in re.findall(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+                if g not in foreign]
     if any(g.startswith("ultralytics.") for g in foreign):
         return CheckpointError(
             f"{path}: an Ultralytics checkpoint, which cannot be loaded safely: it stores the model "
@@ -77,10 +99,11 @@ def _refusal(path: Path, exc: Exception) -> CheckpointError:
     if foreign:
         return CheckpointError(
             f"{path}: cannot be loaded safely: it needs code to unpickle ({', '.join(foreign[:5])}); "
-            "weights files are read with torch.load(weights_only=True): tensors and plain values only")
-    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+            "weights files are read with torch.load(weights_only=True): tensors and plain values "
+            "only. If you made this file and trust it, save its weights instead: "
+            "torch.save(model.state_dict(), path)")
     return CheckpointError(f"{path}: not a readable torch weights file, truncated or damaged "
-                           f"({type(exc).__name__}: {detail})")
+                           f"({type(exc).__name__}: {_reason(exc)})")
 
 
 def read_torch_file(path: str | Path) -> Any:

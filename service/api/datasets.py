@@ -73,6 +73,9 @@ def _scan(yaml_path: Path, settings: Settings) -> dict[str, Any]:
     output = "\n".join([*other, *proc.stderr.splitlines()]).strip()
     if output and proc.returncode != 0:
         report["output"] = output[-4000:]
+        errors = [ln for ln in other if "] error: " in ln]  # a split that cannot be used
+        if errors:
+            report["error"] = "\n".join(errors)[-4000:]
     return report
 
 

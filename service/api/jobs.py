@@ -39,7 +39,13 @@ from service.api.schemas import (
     JobStatusName,
     TuneOptionsIn,
 )
-from service.api.submit_rules import resolve_data, resolve_gpus, resolve_model, validate_params
+from service.api.submit_rules import (
+    batch_warning,
+    resolve_data,
+    resolve_gpus,
+    resolve_model,
+    validate_params,
+)
 from service.db.models import Job, User, utcnow
 from service.gang import nodes_of, world_size
 from service.lifecycle import TERMINAL, JobStatus
@@ -135,7 +141,7 @@ def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str,
                    422: "a field is invalid (schema) or breaks a rule the schema cannot say: "
                         "an unknown model or params key, a data yaml the engine's loader "
                         "refuses, a dataset id that is not yours or whose scan failed, a batch that does not divide by "
-                        "the rank count; `field` names it"})},
+                        "the rank count, an empty Idempotency-Key; `field` names it"})},
 )
 def submit_job(
     body: JobCreate, user: CurrentUser, session: SessionDep, settings: SettingsDep,
@@ -160,7 +166,7 @@ def submit_job(
     committed, then ``run_job`` is sent to the queue for its GPU count.
 
     With an ``Idempotency-Key`` header a retried submit returns the existing job (200); the
-    same key with a different body is a 409.
+    same key with a different body is a 409, an empty key a 422.
 
     When no live worker serves the job's queue (``gpus: 1`` on a service with only a CPU
     worker), the job is queued with a ``warnings`` entry saying so, or, with the setting
@@ -169,6 +175,12 @@ def submit_job(
     Returns:
         The job (201), status ``queued``.
     """
+    if idempotency_key is not None and not idempotency_key.strip():
+        # an empty key (`$(uuidgen)` where uuidgen is not installed) would silently give
+        # a submit without idempotency
+        raise Problem(422, "Idempotency-Key: the header is empty; send a fresh key per new "
+                      "job (e.g. python3 -c 'import uuid; print(uuid.uuid4())'), or no "
+                      "header at all", field="Idempotency-Key")
     gpus = resolve_gpus(body, settings.default_gpus, settings.max_nodes)
     request_sha = hashlib.sha256(
         json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
@@ -194,6 +206,9 @@ def submit_job(
         warnings.append(f"only {live[queue_for(gpus)]} live worker(s) serve queue "
                         f"{queue_for(gpus)!r}: this {body.nodes}-node job starts when "
                         f"{body.nodes} of them are free at once")
+    too_big = batch_warning(session, body.data, params)
+    if too_big:
+        warnings.append(too_big)
     now = utcnow()
     options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
     job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
@@ -315,6 +330,59 @@ def _job_view(state: Any, job_id: str, user: User) -> JobPublic:
         return job_public(job, live, session=session, settings=settings,
                           outlooks=queue_outlooks(session, settings, [job], live,
                                                   state.outlooks))
+
+
+@router.post("/{job_id}/resume", status_code=201, response_model=JobPublic,
+             operation_id="jobs-resume",
+             responses={**OWNED_JOB_ERRORS,
+                        409: {"description": "the job is not a cancelled or failed train job, "
+                                             "or it left no last.pt to resume from"}})
+def resume_job(job: OwnedJob, session: SessionDep, settings: SettingsDep, store: StoreDep,
+               request: Request, response: Response) -> JobPublic:
+    """Resume a cancelled or failed train job: a new job (a new attempt of the same run)
+    with the same model, data, params and devices, that continues from the old job's
+    ``weights/last.pt`` (its epoch, optimizer, EMA and schedule) and ``results.csv``.
+    The old job stays as it ended.
+
+    Raises:
+        409: the job is not a train job, is not cancelled or failed, or has no last.pt.
+    """
+    import shutil
+
+    if job.kind != "train" or job.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+        raise Problem(409, f"job {job.id} is a {job.status} {job.kind} job: only a cancelled or "
+                      "failed train job can be resumed", status_now=job.status)
+    last = store.last_checkpoint(job.id)
+    if last is None:
+        raise Problem(409, f"job {job.id} left no weights/last.pt (it stopped before its first "
+                      "epoch ended): submit it again instead", status_now=job.status)
+    now = utcnow()
+    new = Job(owner_id=job.owner_id, kind=job.kind, model=job.model, data=job.data,
+              params=dict(job.params or {}), options=job.options, gpus=job.gpus, procs=job.procs,
+              nodes=job.nodes, priority=job.priority, queue=job.queue, status=JobStatus.QUEUED,
+              attempt=0, max_attempts=settings.max_attempts, time_budget_s=job.time_budget_s,
+              cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
+              created_at=now, enqueued_at=now, sent_at=now)
+    session.add(new)
+    session.flush()
+    weights = store.run_dir(new.id) / "weights"
+    weights.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(last, weights / "last.pt")  # the runner resumes from the job's last.pt
+    results = store.run_dir(job.id) / "results.csv"
+    if results.is_file():
+        shutil.copyfile(results, store.run_dir(new.id) / "results.csv")
+    append_events(session, new.id, [("status", time.time(), {
+        "event": "status", "status": JobStatus.QUEUED,
+        "reason": f"resuming job {job.id} from its last.pt"})])
+    session.commit()
+    session.refresh(new)
+    try:
+        for _ in range(new.nodes):
+            enqueue(request.app.state.celery, new.id, new.queue, new.priority)
+    except Exception:  # broker down: the reaper re-sends queued jobs later
+        log.exception("could not send job %s to queue %s; the reaper will retry", new.id, new.queue)
+    response.headers["Location"] = f"/v1/jobs/{new.id}"
+    return job_public(new, session=session, settings=settings)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic,

@@ -69,8 +69,8 @@ def family_of_path(session: Session, path: str) -> str | None:
 
 def describe_model_ref(session: Session, settings: Settings, model: str) -> dict[str, Any]:
     """Which weights a job started from, for people: ``{"kind": "name"|"model"|"job"|"file",
-    "label": str, "short": str, "model_id"?: str, "job_id"?: str}``; ``short`` is what a
-    table shows (the name, the model id, ``job:<id>``, or the file).
+    "label": str, "short": str, "model_id"?: str, "name"?: str, "job_id"?: str}``; ``short``
+    is what a table shows (the name, the model id, ``job:<id>``, or the file).
 
     ``model`` is a job's stored ``model``: a family name, a registered model's file, or a
     checkpoint inside another job's run directory (``<artifact root>/<job>/run/<path>``).
@@ -80,7 +80,7 @@ def describe_model_ref(session: Session, settings: Settings, model: str) -> dict
     row = session.scalar(select(Model).where(Model.path == model))
     if row is not None:
         return {"kind": "model", "label": f"model {row.id} ({row.name})", "short": row.id,
-                "model_id": row.id}
+                "model_id": row.id, "name": row.name}
     path = Path(model)
     if model_store(settings).owns(path):
         return {"kind": "model", "label": f"model {path.stem} (deleted)", "short": path.stem}

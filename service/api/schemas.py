@@ -134,10 +134,6 @@ class JobPublic(BaseModel):
         "answer, expected_epoch_s), also when cancelled (what was measured)")
     error: dict[str, Any] | None = Field(
         None, description="on failure: reason, exit_code, log_tail")
-    end_class: str | None = Field(
-        None, description="how the last attempt ended: infrastructure, job or user "
-        "(service.ends); null while the first attempt runs or after a success")
-    end_reason: str | None = Field(None, description="why the last attempt ended so")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

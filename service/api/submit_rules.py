@@ -33,7 +33,7 @@ from service.storage.roots import PathRefused, ReadRule, check_dataset
 from service.users import owns
 
 __all__ = ["GPU_COUNTS", "RESERVED_PARAMS", "resolve_gpus", "validate_params", "resolve_model",
-           "resolve_data"]
+           "resolve_data", "batch_warning"]
 
 #: the GPU counts a job may ask for (each has its queue, :func:`service.queue.queue_for`).
 GPU_COUNTS = (0, 1, 2, 4, 8)
@@ -253,11 +253,31 @@ def _contained(path: Path, rule: ReadRule, settings: Any, data: str) -> None:
         raise Problem(422, f"data: cannot read {data!r} ({exc.strerror or exc})",
                       field="data") from None
 
+def batch_warning(session: Session, data: str, params: dict[str, Any]) -> str | None:
+    """A warning when ``params.batch`` is larger than the train split of an uploaded or
+    registered dataset (its scan counted the images): each epoch would be one partial
+    batch. None when it fits, or when the service has no count (a yaml path)."""
+    batch = params.get("batch")
+    if not isinstance(batch, int) or batch <= 0 or data.startswith("/"):
+        return None
+    ds = session.get(Dataset, data)
+    train = ((ds.report or {}).get("splits") or {}).get("train") if ds is not None else None
+    usable = train.get("usable") if isinstance(train, dict) else None
+    if not isinstance(usable, int) or batch <= usable:
+        return None
+    return (f"params.batch: {batch} is more than the {usable} training images of dataset "
+            f"{data}: every epoch is one partial batch of {usable} (one optimizer step); "
+            f"use batch={usable} or less")
+
 
 def _scan_reason(report: dict[str, Any] | None) -> str:
-    """The last line a failed dataset scan printed (its error), or its exit code."""
+    """The error lines a failed dataset scan printed (``[split] error: ...``), else its
+    last line, or its exit code."""
     report = report or {}
     lines = [ln.strip() for ln in str(report.get("error") or report.get("output") or "")
              .splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error:" in ln and not ln.startswith("warning:")]
+    if errors:
+        return "; ".join(errors)
     return lines[-1] if lines else f"the scan exited with {report.get('exit_code')}"
 

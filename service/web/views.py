@@ -18,6 +18,7 @@ from sqlalchemy import select
 from libreyolo_core.profiler.record import Lever
 from libreyolo_core.profiler.verdict import LEVERS
 from libreyolo_core.records.events import ProfileEvent
+from libreyolo_core.records.notes import learned_nothing
 from service import job_store
 from service.api.deps import SessionDep
 from service.api.jobs import queue_outlooks
@@ -110,9 +111,38 @@ def _dataset_label(data: str, names: dict[str, str]) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else data
 
 
+def data_rows(data: Any) -> list[tuple[str, str]]:
+    """``[(split, "64 images, 120 boxes, 6 data defects (bad_class 3, ...)")]`` from a
+    result's ``data`` (the engine's scan counts); empty when not recorded."""
+    rows = []
+    for split, d in (data or {}).items() if isinstance(data, dict) else ():
+        if not isinstance(d, dict):
+            continue
+        text = f"{d.get('usable')} images, {d.get('boxes')} boxes"
+        n = d.get("n_defects") or 0
+        if n:
+            kinds = ", ".join(f"{k} {v}" for k, v in (d.get("defects") or {}).items())
+            text += f", {n} data defect{'s' if n != 1 else ''} ({kinds}; the log names each)"
+        rows.append((str(split), text))
+    return rows
+
+
+def model_cell(ref: dict[str, Any]) -> str:
+    """A job's Model cell: a name, ``<model name> (<model id>)`` for a registered model,
+    ``job:<id>`` for another job's checkpoint; never the server's file path."""
+    if ref.get("kind") == "model" and ref.get("name"):
+        return f"{ref['name']} ({ref['model_id']})"
+    if ref.get("kind") == "file":
+        return PurePosixPath(ref["label"]).name
+    return str(ref.get("short") or ref.get("label"))
+
+
 def job_row(job: Job, names: dict[str, str], now: datetime,
             live: dict[str, int] | None = None,
-            outlooks: dict[str, Outlook] | None = None) -> dict[str, Any]:
+            outlooks: dict[str, Outlook] | None = None,
+            model: str | None = None) -> dict[str, Any]:
+    """One row of the jobs table; ``model``: its Model cell (:func:`model_cell`; the stored
+    model when not given)."""
     where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     pct, text = job_progress(job, live, where, now)
     started, finished = aware(job.started_at), aware(job.finished_at)
@@ -122,7 +152,7 @@ def job_row(job: Job, names: dict[str, str], now: datetime,
         duration = fmt_duration((now - started).total_seconds()) + " so far"
     else:
         duration = "—"
-    return {"id": job.id, "status": job.status, "kind": job.kind, "model": job.model,
+    return {"id": job.id, "status": job.status, "kind": job.kind, "model": model or job.model,
             "data": job.data, "dataset": _dataset_label(job.data, names),
             "pct": round(pct), "progress": text, "attempt": job.attempt,
             "max_attempts": job.max_attempts, "created": iso(job.created_at),
@@ -143,7 +173,9 @@ def rows_context(session: SessionDep, user: User, status: str | None, kind: str 
     query = {k: v for k, v in (("status", status), ("kind", kind)) if v}
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, jobs, live)
-    return {"rows": [job_row(j, names, now, live, outlooks) for j in jobs],
+    return {"rows": [job_row(j, names, now, live, outlooks,
+                             model_cell(describe_model_ref(session, settings, j.model)))
+                     for j in jobs],
             "filtered": bool(query), "status": status or "", "kind": kind or "",
             "older_url": f"/jobs?{urlencode({**query, 'before': older})}" if older else None,
             "rows_url": "/web/jobs/rows" + (f"?{urlencode(query)}" if query else ""),
@@ -252,7 +284,14 @@ def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | Non
         "val_est": fmt_seconds(pf.get("val_s")) if pf.get("val_s") is not None else None,
         "val_actual": fmt_seconds(actual.get("val_time_s")) if actual.get("val_time_s") is not None else None,
         "total_est": fmt_seconds(pf.get("total_s")),
-        "total_actual": fmt_seconds(duration) if ended and duration is not None else None,
+        # the estimate's counterpart: the epochs' training and validation (as the CLI
+        # says it), and beside it the whole job (set-up and the preflight included)
+        "total_actual": (fmt_seconds((actual.get("train_s") or 0) + (actual.get("val_s") or 0))
+                         + (f" (training and validation; the whole job {fmt_seconds(duration)})"
+                            if duration is not None else "")
+                         if ended and actual.get("train_s") is not None else
+                         (f"{fmt_seconds(duration)} (the whole job)" if ended and duration is not None
+                          else None)),
         "epochs": pf.get("epochs"), "epochs_done": actual.get("epochs"),
         "memory": f"{mem:,.0f} MiB ({pf.get('memory_kind')})" if mem is not None else None,
         "cost": f"{pf['cost']:.2f} {pf.get('currency')}" if pf.get("cost") is not None else None,
@@ -315,12 +354,20 @@ def summary_context(request: Request, session: SessionDep, user: User, job: Job
     error = json.loads(public_text(json.dumps(job.error), settings)) if job.error else None
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
-    return {"job": job, "row": job_row(job, names, now, live, outlooks), "artifacts": artifacts,
+    started_from = describe_model_ref(session, settings, job.model)
+    return {"job": job, "row": job_row(job, names, now, live, outlooks, model_cell(started_from)),
+            "artifacts": artifacts,
             "result": result if job.result is not None else None, "metrics": shown,
             "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
                                                                               JobStatus.RUNNING),
+            "data_rows": data_rows(result.get("data")),
+            "learned_note": learned_nothing(result.get("metrics"), result.get("epochs_completed"),
+                                            not job.model.startswith("/"))
+            if job.kind == "train" and job.status == JobStatus.SUCCEEDED else None,
+            "resumable": job.kind == "train" and job.status in (JobStatus.CANCELLED, JobStatus.FAILED)
+            and request.app.state.store.last_checkpoint(job.id) is not None,
             "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
             "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
-            "started_from": describe_model_ref(session, request.app.state.settings, job.model),
+            "started_from": started_from,
             "data_public": public_data(job.data, settings)}

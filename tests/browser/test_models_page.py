@@ -54,3 +54,38 @@ def test_models_list_detail_started_from_and_delete(web, stack, shot, data_yaml,
     page.get_by_role("button", name="Delete model").click()
     page.wait_for_url("**/models")
     expect(page.get_by_text("No models yet.")).to_be_visible()
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_jobs_list_fits_and_names_the_model_not_its_file(web, stack, shot, tmp_path, width):
+    """#28.8: at 1400 px the columns right of Dataset were cut off, and a job started from
+    a model id showed the server's file path in its Model cell."""
+    from testkit import write_data_yaml
+
+    _, token = stack.user()
+    weights = write_weights(tmp_path / "shapes.pt")
+    # a long dataset path, as a real one is
+    deep = tmp_path / "a-rather-long-folder-name-for-datasets" / "customer-project-2026-q4"
+    data = str(write_data_yaml(deep / "images-of-the-production-line-camera-3"))
+    with client(stack.url, token) as c:
+        m = c.post("/v1/models", params={"name": "shapes-v1-finetuned-on-line-3"},
+                   content=weights.read_bytes(), timeout=180).json()
+        job = c.post("/v1/jobs", json={"model": m["id"], "data": data, "gpus": 0,
+                                       "params": {"epochs": 1, "imgsz": 64}}).json()
+    page = web.page(token, viewport={"width": width, "height": 900})
+    row = page.locator(f'tr[data-job-id="{job["id"]}"]')
+    model_cell = row.locator('td[data-label="Model"]')
+    expect(model_cell).to_have_text(f"shapes-v1-finetuned-on-line-3 ({m['id']})")
+    assert str(stack.settings.model_root) not in page.content()
+    # every column is inside the table's box and the viewport: nothing to scroll to
+    fit = page.evaluate("""() => {
+      const wrap = document.querySelector('.table-wrap');
+      const last = document.querySelector('.jobs-table thead th:last-child').getBoundingClientRect();
+      return {scroll: wrap.scrollWidth - wrap.clientWidth, right: last.right, vw: window.innerWidth};
+    }""")
+    assert fit["scroll"] <= 1 and fit["right"] <= fit["vw"], fit
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, overflow
+    shot(page, f"jobs-{width}")
+    with client(stack.url, token) as c:
+        c.post(f"/v1/jobs/{job['id']}/cancel")

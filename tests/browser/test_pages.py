@@ -246,6 +246,10 @@ def test_filters_cancel_and_error_tail(web, stack, shot, data_yaml):
     expect(page.locator("#cancel-message")).to_contain_text("Cancel")
     expect(page.locator("#status-badge")).to_have_text("cancelled", timeout=15_000)
     expect(page.locator("#cancel-button")).to_have_count(0)
+    # #28.9: an ended job keeps no "ETA" (live, and after a reload)
+    expect(page.locator("#live-progress-text")).not_to_contain_text("ETA")
+    page.reload()
+    expect(page.locator("#live-progress-text")).not_to_contain_text("ETA")
 
 
 def test_profile_job_verdict_and_timeline(web, stack, shot, sample_yaml):

@@ -186,3 +186,114 @@ def test_submit_nodes_then_show_and_list_each_node(cli, stack, data_yaml):
     listed = next(ln for ln in cli("list").stdout.splitlines() if ln.startswith(single))
     assert "nodes" not in listed
     cli("cancel", single)
+
+
+def test_an_unreliable_verdict_says_so_in_show_list_and_follow(cli, stack, data_yaml):
+    """#28.6: the flag that profile.json, the page and the engine CLI carry."""
+    from libreyolo_client._progress import verdict_text
+    from service.db.models import Job
+
+    # gpus 1: a queue no runner thread of this session claims from (the row is set below)
+    r = cli("submit", "--kind", "profile", "--data", data_yaml, "--gpus", "1")
+    job_id = r.stdout.split()[0]
+    conf = {"reliable": False, "flags": ["few_steps", "loaded"],
+            "reasons": ["only 2 unsynced steps", "other processes took 60% of the CPU"],
+            "advice": "profile again with --repeat 3"}
+    result = {"status": "completed", "verdict": "dataloader", "bound_why": "data wait 70%",
+              "profile": {"verdict": "dataloader", "confidence": conf}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status, job.result = "succeeded", result
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "verdict:  dataloader UNRELIABLE (few_steps, loaded): data wait 70%" in out, out
+    assert ("UNRELIABLE: only 2 unsynced steps; other processes took 60% of the CPU. profile "
+            "again with --repeat 3") in out
+    listed = [ln for ln in cli("list").stdout.splitlines() if ln.startswith(job_id)]
+    assert listed and listed[0].endswith("verdict dataloader UNRELIABLE (few_steps, loaded)")
+    # the follow mode's line reads the profile event itself
+    assert verdict_text({"verdict": "compute", "bound_why": "x", "confidence": conf}) == \
+        "compute UNRELIABLE (few_steps, loaded): x"
+    assert verdict_text({"verdict": "compute", "bound_why": "x",
+                         "confidence": {"reliable": True}}) == "compute: x"
+
+
+def test_a_cancelled_job_resumes_from_its_last_pt(cli, stack, data_yaml, client):
+    """#28.9: POST /v1/jobs/{id}/resume and `jobs resume`: a new job that continues from
+    the old one's last.pt; the engine's log names that way, not a server path."""
+    import time
+
+    from testkit import wait_for
+
+    job = client.train(model="yolo9-t", data=data_yaml, gpus=0, epochs=8, imgsz=64, batch=4)
+    stack.run_in_background(job.id, FAKE_EPOCH_S="0.3")
+    weights = stack.settings.artifact_root / job.id / "run" / "weights" / "last.pt"
+    wait_for(lambda: weights.is_file() and json.loads(weights.read_text())["epoch"] >= 2,
+             timeout=60, what="two epochs")
+    job.cancel()
+    wait_for(lambda: job.refresh().status == "cancelled", timeout=60, what="cancelled")
+    time.sleep(0.2)
+    r = cli("resume", job.id)
+    assert r.exit_code == 0, r.output
+    new_id = r.stdout.split()[0]
+    assert new_id != job.id
+    new = client.job(new_id)
+    assert new.info.status == "queued" and new.info.params == job.info.params
+    stack.run_in_background(new_id, FAKE_EPOCH_S="0.05").join(60)
+    new.refresh()
+    assert new.status == "succeeded", new.info.error
+    log = "\n".join(cli("logs", new_id).stdout.splitlines())
+    assert "resuming from" in log and "at epoch 1\n" not in log, log
+    assert client.job(job.id).status == "cancelled"  # the old job stays as it ended
+    # only a cancelled or failed train job, and one that left a last.pt
+    r = cli("resume", new_id)
+    assert r.exit_code != 0 and "only a cancelled or failed train job" in r.output
+
+
+def test_a_run_that_learned_nothing_says_so(cli, stack, data_yaml, token):
+    """#28.5: mAP50 0.004 after 5 epochs from scratch ended without a word."""
+    import httpx
+
+    from libreyolo_core.records.notes import learned_nothing
+    from service.db.models import Job
+
+    r = cli("submit", "--data", data_yaml, "--gpus", "1", "epochs=5")  # no runner claims it
+    job_id = r.stdout.split()[0]
+    result = {"status": "completed", "best_epoch": 5, "epochs_completed": 5,
+              "metrics": {"mAP50": 0.004, "mAP50-95": 0.001}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status, job.result = "succeeded", result
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert "note:     mAP50 0.004 after 5 epochs from scratch: too short to learn" in out, out
+    assert "about 30 epochs" in out
+    page = httpx.get(f"{stack.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert "mAP50 0.004 after 5 epochs from scratch: too short to learn" in page.text
+    assert learned_nothing({"mAP50": 0.004}, 5, True).startswith(
+        "mAP50 0.004 after 5 epochs from scratch: too short to learn")
+    assert learned_nothing({"mAP50": 0.6}, 5, True) is None
+    assert "learned next to nothing" in learned_nothing({"mAP50": 0.01}, 1, False)
+
+
+def test_the_scan_counts_show_in_show_and_on_the_page(cli, stack, data_yaml, token):
+    import httpx
+
+    from service.db.models import Job
+
+    job_id = cli("submit", "--data", data_yaml, "--gpus", "1").stdout.split()[0]  # unclaimed
+    data = {"train": {"images": 64, "usable": 64, "boxes": 120, "n_defects": 6,
+                      "defects": {"bad_class": 3, "zero_area": 3}, "rows_dropped": 6,
+                      "skipped": 0},
+            "val": {"images": 16, "usable": 16, "boxes": 30, "n_defects": 0, "defects": {}}}
+    with stack.sessions() as s:
+        job = s.get(Job, job_id)
+        job.status = "succeeded"
+        job.result = {"status": "completed", "best_epoch": 1, "epochs_completed": 1,
+                      "metrics": {"mAP50": 0.5}, "data": data}
+        s.commit()
+    out = cli("show", job_id).stdout
+    assert ("data:     train 64 images, 120 boxes, 6 data defects (bad_class 3, zero_area 3; "
+            "see jobs logs); val 16 images, 30 boxes") in out, out
+    page = httpx.get(f"{stack.url}/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert "6 data defects (bad_class 3, zero_area 3; the log names each)" in page.text

@@ -51,3 +51,15 @@ def test_demo_profile_window_fits_one_epoch_of_the_synthetic_set():
         warm, steps = profile_window(batch, n)
         assert steps >= 2 and warm + steps <= n // batch, batch
     assert profile_window(16, None) == (2, 6)  # a user's dataset: the engine judges it
+
+
+def test_make_demo_has_a_port_knob():
+    """#28.10: `make demo PORT=8123` starts the service on that port."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "demo", "PORT=8123"], cwd=root, capture_output=True,
+                         text=True, timeout=60)
+    assert "libreyolo_client.demo" in out.stdout and "--port 8123" in out.stdout, out.stdout

@@ -102,3 +102,22 @@ def test_a_tune_job_shows_its_candidate_and_trial():
     assert _summary(info).startswith("tuning cache=ram")
     info.status, info.result = "succeeded", {"answer": "no significant lever on this device: x"}
     assert _summary(info) == "no significant lever on this device: x"
+
+
+def test_preflight_actual_is_the_same_figure_in_the_cli_and_on_the_page():
+    """#28.9: 21 s in the CLI and 53 s (the whole job) on the page."""
+    from datetime import UTC, datetime, timedelta
+
+    from libreyolo_client.cli import preflight_text
+    from service.web.views import _preflight_view
+
+    pf = {"img_per_s": 10.0, "epoch_s": 9.0, "total_s": 20.0, "epochs": 2,
+          "actual": {"epochs": 2, "epoch_time_s": 9.5, "train_s": 19.0, "val_s": 2.0,
+                     "wall_s": 30.0}}
+    cli = preflight_text(pf)
+    assert "total 21 s (training and validation; the engine ran 30 s in all)" in cli, cli
+    now = datetime.now(UTC)
+    job = SimpleNamespace(status="succeeded", started_at=now - timedelta(seconds=53),
+                          finished_at=now)
+    page = _preflight_view(job, pf)["total_actual"]
+    assert page.startswith("21 s") and "the whole job 53 s" in page, page

@@ -83,7 +83,10 @@ def test_cli_models_upload_list_show_publish_rm(stack, token, client, data_yaml,
     model_id = r.stdout.split()[0]
     assert model_id.startswith("m") and "yolo9-t" in r.stdout
     assert model_id in run("list").stdout
-    assert json.loads(run("show", model_id).stdout)["name"] == "cli"
+    assert json.loads(run("show", model_id, "--json").stdout)["name"] == "cli"
+    shown = run("show", model_id).stdout  # #28.10: lines, as `models list` and `jobs show`
+    assert f"id:       {model_id}\nname:     cli\nmodel:    yolo9-t\n" in shown, shown
+    assert "params:   " in shown and "source:   upload" in shown and "{" not in shown
     r = run("download", model_id, "-o", f"{tmp_path / 'newdir'}/")  # a folder, made
     assert r.exit_code == 0 and (tmp_path / "newdir" / "cli.pt").read_bytes() == weights.read_bytes()
 

@@ -154,3 +154,87 @@ def test_a_lost_peer_is_one_line_not_a_traceback(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert _exit_for(gloo) == EXIT_RUNTIME
     assert "RuntimeError: [../third_party/gloo" in capsys.readouterr().err
+
+
+def test_train_without_a_usable_box_exits_3_before_training(tmp_path):
+    """#28.2: every label's class outside names: a data error (exit 3) naming why, no
+    epoch run, no weights written."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    for lf in yaml_path.parent.rglob("labels/**/*.txt"):
+        lf.write_text("".join("7 " + ln.split(" ", 1)[1] + "\n"
+                              for ln in lf.read_text().splitlines() if ln.strip()))
+    out = libreyolo("train", "model=yolo9-t", f"data={yaml_path}", "epochs=1", "imgsz=64",
+                    "batch=2", "device=cpu", f"project={tmp_path / 'runs'}", "workers=0")
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "no usable box in 4 images" in out.stderr and "Traceback" not in out.stderr
+    assert not list((tmp_path / "runs").rglob("*.pt"))
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["help"], ["help", "train"], ["train", "--help"],
+                                  ["predict", "--help"], ["profile", "--help"], ["cfg", "--help"]])
+def test_help_never_imports_torch(args):
+    """#28.7: `libreyolo --help` took 16 s on a loaded machine because it imported torch."""
+    code = ("import sys\nfrom libreyolo_core.cli import run\n"
+            f"try:\n    rc = run({args!r})\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stderr.strip().splitlines()[-1].startswith("NO-TORCH"), out.stderr[-500:]
+    assert out.stdout.strip()  # help was printed
+
+
+def test_the_scan_counts_go_into_run_end(tmp_path):
+    """#28.2: label defects were visible only in the log; run_end carries each split's
+    counts, which the worker copies into the job's result (``result.data``)."""
+    import json
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    labels = sorted((yaml_path.parent / "labels" / "train").glob("*.txt"))
+    for lf in labels[:2]:
+        lf.write_text(lf.read_text() + "9 0.5 0.5 0.1 0.1\n0 0.5 0.5 0 0\n")
+    out = libreyolo("train", "model=yolo9-t", f"data={yaml_path}", "epochs=1", "imgsz=64",
+                    "batch=2", "device=cpu", f"project={tmp_path / 'runs'}", "workers=0",
+                    "val=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    events = [json.loads(ln) for ln in next((tmp_path / "runs").rglob("events.jsonl"))
+              .read_text().splitlines()]
+    data = events[-1]["data"]
+    assert events[-1]["event"] == "run_end" and data["train"]["n_defects"] == 4, data
+    assert data["train"]["defects"] == {"bad_class": 2, "zero_area": 2}
+    assert data["train"]["images"] == 4 and data["train"]["boxes"] > 0
+
+
+def test_a_killed_loader_worker_is_named_with_what_to_try():
+    """#28.11 (a public bug report): torch's message and a 90-line traceback, reason
+    'runtime error'. Now the worker, the signal and what to try, without a traceback —
+    from the real error a DataLoader raises when one of its workers is SIGKILLed."""
+    code = """
+import os, signal, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+from libreyolo_core.cli import _exit_for
+
+class Slow(Dataset):
+    def __len__(self): return 1000
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.zeros(1)
+
+it = iter(DataLoader(Slow(), batch_size=1, num_workers=1))
+next(it)
+os.kill(it._workers[0].pid, signal.SIGKILL)
+try:
+    for _ in range(100):
+        next(it)
+except RuntimeError as exc:
+    sys.exit(_exit_for(exc))
+sys.exit(99)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    err = out.stderr
+    assert "error: data loader worker (pid " in err and "Killed" in err, err[-2000:]
+    assert "out-of-memory killer" in err and "workers=2" in err and "--shm-size" in err
+    assert "Traceback" not in err

@@ -375,3 +375,42 @@ def test_cache_dir_keeps_the_dataset_folder_untouched(yolo_dataset, tmp_path) ->
     ds.load_image(0)
     assert len(list((cache / "images").glob("*.64.npy"))) == 1
     assert sorted(p.relative_to(y.parent) for p in y.parent.rglob("*")) == before
+
+
+def test_train_split_without_a_usable_box_is_a_data_error(yolo_dataset) -> None:
+    """#28.2: every class id outside names: the scan reports it, a run refuses it,
+    naming the count of names and the dropped rows."""
+    from libreyolo_core.data.scan import require_trainable
+
+    y = yolo_dataset({"a": "5 0.5 0.5 0.2 0.2\n", "b": "5 0.3 0.3 0.1 0.1\n"}, names=["x", "y"])
+    report, _ = _scan(y)
+    assert report.n_boxes == 0 and report.defects["bad_class"] == 2
+    with pytest.raises(DatasetError) as exc:
+        require_trainable(report, "train")
+    msg = str(exc.value)
+    assert "no usable box in 2 images" in msg and "bad_class 2" in msg
+    assert "names has 2 entries, so class ids must be 0..1" in msg and "split 'train'" in msg
+    assert require_trainable(report, "val") is report  # a val split is only reported
+
+
+def test_labels_beside_the_images_are_an_error_that_explains_the_rule(yolo_dataset) -> None:
+    from libreyolo_core.data.scan import require_trainable
+
+    y = yolo_dataset({"a": None, "b": None})
+    for stem in ("a", "b"):
+        (y.parent / "images/train" / f"{stem}.txt").write_text(GOOD, encoding="utf-8")
+    report, _ = _scan(y)
+    assert report.defects["label_elsewhere"] == 2
+    with pytest.raises(DatasetError) as exc:
+        require_trainable(report, "val")
+    msg = str(exc.value)
+    assert "images/train/a.jpg -> d/labels/train/a.txt" in msg.replace("d/images", "images")
+    assert "none of the 2 images has its label file where LibreYOLO looks" in msg
+
+
+def test_one_usable_box_is_enough(yolo_dataset) -> None:
+    from libreyolo_core.data.scan import require_trainable
+
+    y = yolo_dataset({"a": "5 0.5 0.5 0.2 0.2\n", "b": GOOD}, names=["x", "y"])
+    report, _ = _scan(y)
+    assert require_trainable(report, "train") is report

@@ -139,3 +139,16 @@ def test_torchrun_environment(monkeypatch):
 
 def test_not_in_a_spawned_bootstrap_here():
     assert not in_spawned_bootstrap()
+
+
+def test_nothing_fits_names_the_device_its_free_memory_and_a_fixed_batch():
+    """#28.11 (a public bug report): the error named neither the device nor its free
+    memory, and did not suggest a fixed batch=."""
+    from libreyolo_core.distributed.autobatch import nothing_fits
+
+    msg = nothing_fits("cuda:0 (NVIDIA H200)", 140 * 2**30, 2 * 2**30, "batch 1 ran out of memory",
+                       1280)
+    assert msg.startswith("autobatch: not even batch 1 fits on cuda:0 (NVIDIA H200) (140.0 GiB, "
+                          "2.0 GiB free; batch 1 ran out of memory)")
+    assert "Set a fixed batch= instead of batch=-1" in msg and "smaller imgsz than 1280" in msg
+    assert "other processes hold 138.0 GiB of it" in msg

@@ -62,3 +62,23 @@ def test_the_batch_the_sampler_drops_is_logged(tmp_path, caplog):
         trainer._setup()
     trainer.events.close()
     assert "the sampler drops the last 1 of 5 images of each epoch on each rank (a partial batch of 2)" in caplog.text
+
+
+def test_a_batch_bigger_than_the_dataset_is_said(tmp_path, caplog):
+    """#28.10: batch=128 on 64 images was accepted without a word."""
+    import logging
+
+    from libreyolo_core.engine.trainer import Trainer
+
+    data = _dataset(tmp_path / "ds", ["cat"])
+    for i in range(2):  # 3 images at batch 8
+        (tmp_path / "ds" / "images" / "train" / f"b{i}.png").write_bytes(
+            (tmp_path / "ds" / "images" / "train" / "a.png").read_bytes())
+    cfg = resolve_config({"model": "yolo9-t", "data": str(data), "batch": 8, "workers": 0, "imgsz": 64,
+                          "val": False, "device": "cpu", "project": str(tmp_path / "runs")})
+    trainer = Trainer(cfg)
+    with caplog.at_level(logging.INFO, logger="libreyolo_core"):
+        trainer._setup()
+    trainer.events.close()
+    assert ("batch=8 is more than the 3 training images: every epoch is one partial batch of 3 "
+            "(one optimizer step)") in caplog.text and "use batch=3 or less" in caplog.text

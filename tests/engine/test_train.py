@@ -80,6 +80,25 @@ def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path, caplog):
     events = read_events(tmp_path / "cut" / "events.jsonl")
     ends = [e.status for e in events if e.event == "run_end"]
     assert ends == ["interrupted", "succeeded"]
+    assert "changed on resume" not in caplog.text  # same epochs: nothing to say
+
+
+def test_resume_with_more_epochs_says_what_it_does_to_the_schedule(sample_yaml, tmp_path, caplog):
+    """#28.11 (a public bug report): a changed epochs= was applied silently."""
+    def stop_after_one(trainer):
+        trainer.request_stop("test stop")
+
+    with pytest.raises(TrainingInterrupted):
+        LibreYOLO("yolo9-t").train(data=sample_yaml, epochs=2, project=tmp_path, name="cut",
+                                   callbacks={"on_epoch_end": [stop_after_one]}, **FAST)
+    last = tmp_path / "cut" / "weights" / "last.pt"
+    with caplog.at_level(logging.INFO, logger="libreyolo_core"):
+        LibreYOLO("yolo9-t").train(data=sample_yaml, resume=str(last), epochs=3)
+    assert re.search(r"epochs 2 -> 3 \(changed on resume\): the \w+ schedule is laid out again "
+                     r"over 3 epochs, so the learning rate continues at [0-9.e-]+ \(step \d+\) "
+                     r"and reaches its final value at epoch 3 instead of 2", caplog.text), \
+        caplog.text[-2000:]
+    assert len(_rows(tmp_path / "cut")) == 3
 
 
 @pytest.mark.slow

@@ -68,24 +68,44 @@ def test_plan_window_clamps_and_rounds():
     assert (w.warmup, w.steps) == (4, 4)
 
 
-def test_window_too_big_for_one_epoch():
-    with pytest.raises(ProfileWindowError) as info:
-        TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4, steps_available=4,
-                         images=16)
+def test_window_too_big_for_one_epoch_is_fitted_into_it(caplog):
+    """#28.3: as a tune does, the window shrinks to one epoch (measured steps first), says
+    so in one line and marks itself; only a window that cannot fit at all is an error."""
+    with caplog.at_level("WARNING", logger="libreyolo_core.profiler.window"):
+        prof = TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4,
+                                steps_available=4, images=16)
+    assert (prof.window.warmup, prof.window.steps, prof.window.total) == (0, 4, 4)
+    assert prof.fitted == ("the profile window was fitted into the first epoch: warmup 0 + 4 "
+                           "measured steps (asked 2 + 4; one epoch of 16 images at batch 4 has "
+                           "4 steps)")
+    assert prof.meta["window_fitted"] == prof.fitted
+    assert [r.getMessage() for r in caplog.records] == [
+        f"profile: {prof.fitted}; a short window makes a less certain verdict"]
+    # accumulation rounding counts too: whole windows of 4 micro-batches fit in 7 steps
+    prof = TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4, accumulate=4,
+                            steps_available=7)
+    assert (prof.window.warmup, prof.window.steps) == (0, 4)
+    with pytest.raises(ProfileWindowError) as info:  # not even 2 measured steps fit
+        TrainingProfiler(cfg(profile_warmup=2, profile_steps=4), batch=4, steps_available=1,
+                         images=4)
     msg = str(info.value)
     assert "needs 6 steps (2 warm-up + 4 measured)" in msg
-    assert "one epoch of 16 images at batch 4 has 4" in msg
-    assert info.value.ways == [
-        "fewer steps: --warmup 0 --steps 4 (profile_warmup=0, profile_steps=4) fits the 4 "
-        "steps of one epoch",
-        "a smaller batch: --batch 2 gives 8 steps per epoch, enough for the 6-step window",
-        "a bigger dataset: at least 24 training images for 6 steps at batch 4 (this one has 16)",
-    ]
-    # accumulation rounding counts too: warmup 2 -> 4, steps 4 -> 4 with accumulate 4
-    with pytest.raises(ProfileWindowError):
-        TrainingProfiler(
-            cfg(profile_warmup=2, profile_steps=4), batch=4, accumulate=4, steps_available=7
-        )
+    assert "one epoch of 4 images at batch 4 has 1" in msg
+    assert info.value.ways[0].startswith("fewer steps cannot help at batch 4")
+    assert info.value.ways[1] == ("a smaller batch: --batch 2 (batch=2) gives 2 steps per epoch, "
+                                  "where the window is fitted to 0 + 2 steps")
+    assert info.value.ways[2] == ("a bigger dataset: at least 8 training images at batch 4 for a "
+                                  "fitted window, 24 for the whole 6-step one (this one has 4)")
+
+
+def test_a_fitted_window_flags_the_verdict():
+    from libreyolo_core.profiler.confidence import assess
+
+    steady = [10.0] * 8
+    assert assess(steady, [1.0] * 8, None, "compute").reliable
+    c = assess(steady, [1.0] * 8, None, "compute", fitted="the window was fitted")
+    assert not c.reliable and c.flags == ("short_window",)
+    assert "the window was fitted: a short window" in c.reasons[0]
 
 
 def test_ways_out_keep_the_measured_steps_first():
@@ -93,20 +113,23 @@ def test_ways_out_keep_the_measured_steps_first():
     # 16 images at batch 4 (4 steps): fewer steps fit; no smaller batch reaches 25 steps
     ways = ways_out(needed=25, available=4, batch=4, images=16, window=w)
     assert ways[0].startswith("fewer steps: --warmup 0 --steps 4 ")
-    assert ways[1] == ("a smaller batch alone cannot: even --batch 1 gives only 16 steps per "
-                       "epoch; --batch 1 with --warmup 3 --steps 13 (profile_warmup=3, "
-                       "profile_steps=13) fits")
+    assert ways[1] == ("a smaller batch: --batch 3 (batch=3) gives 5 steps per epoch, where "
+                       "the window is fitted to 1 + 4 steps")
     # 22 steps: the 20 measured steps stay, the warm-up shrinks to 2
     assert ways_out(needed=25, available=22, batch=4, images=88, window=w)[0].startswith(
         "fewer steps: --warmup 2 --steps 20 ")
-    # with nbs, a smaller batch accumulates more and the window grows with it
+    # a smaller batch is named with the window the profiler fits into its epoch; with
+    # nbs it accumulates more and the window grows with it (whole accumulation windows)
     w = plan_window(1, 2)
-    plain = ways_out(needed=3, available=2, batch=32, images=64, window=w)
-    assert plain[1].startswith("a smaller batch: --batch 21 gives 3 steps per epoch, enough "
-                               "for the 3-step window")
-    nbs = ways_out(needed=3, available=2, batch=32, images=64, window=w, nbs=32)
-    assert nbs[1].startswith("a smaller batch: --batch 16 gives 4 steps per epoch, enough "
-                             "for the 4-step window")
+    assert ways_out(needed=3, available=1, batch=32, images=32, window=w)[1] == (
+        "a smaller batch: --batch 16 (batch=16) gives 2 steps per epoch, where the window is "
+        "fitted to 0 + 2 steps")
+    assert ways_out(needed=2, available=1, batch=32, images=40, window=plan_window(0, 2))[1] == (
+        "a smaller batch: --batch 20 (batch=20) gives 2 steps per epoch, enough for the "
+        "2-step window")
+    assert ways_out(needed=4, available=1, batch=32, images=32, window=plan_window(1, 2, 4),
+                    nbs=128)[1] == ("a smaller batch alone cannot: even --batch 1 gives only 32 "
+                                    "steps per epoch")
 
 
 def test_sleeping_loader_gives_dataloader(tmp_path):

@@ -205,6 +205,13 @@ def test_idempotency_key(alice, data_yaml):
     assert a.json()["id"] == b.json()["id"]
     c = alice.post("/v1/jobs", json=body | {"params": {"epochs": 2}}, headers=key)
     assert c.status_code == 409 and c.json()["field"] == "Idempotency-Key"
+    # #28.10: `$(uuidgen)` without uuidgen sends an empty key: refused, not ignored
+    before = len(alice.get("/v1/jobs").json()["data"])
+    for empty in ("",):
+        e = alice.post("/v1/jobs", json=body, headers={"Idempotency-Key": empty})
+        assert e.status_code == 422 and e.json()["field"] == "Idempotency-Key", e.text
+        assert "the header is empty" in e.json()["detail"]
+    assert len(alice.get("/v1/jobs").json()["data"]) == before
 
 
 def test_list_filters_and_cursor(server, sessions, data_yaml):

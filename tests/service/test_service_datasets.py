@@ -108,3 +108,50 @@ def test_dataset_in_use_is_not_deleted(bob, server, sessions, data_yaml):
     assert bob.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
     assert bob.delete(f"/v1/datasets/{ds['id']}").status_code == 204
     assert Path(data_yaml).is_file()  # a registered dataset's files are the user's
+
+
+def test_upload_without_a_usable_box_is_refused_at_submit(bob, tmp_path):
+    """#28.2: a zip whose labels all use class 5 while names has 2 entries: the scan marks
+    it invalid, and a job on it is a 422 naming why, before anything is queued."""
+    sample = pytest.importorskip("libreyolo_core.data.sample")
+    yaml_path = sample.generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    root = yaml_path.parent
+    for lf in root.rglob("labels/**/*.txt"):
+        lf.write_text("".join("5 " + ln.split(" ", 1)[1] + "\n"
+                              for ln in lf.read_text().splitlines() if ln.strip()))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                zf.write(p, f"bad/{p.relative_to(root)}")
+    ds = _upload(bob, buf.getvalue(), "bad classes").json()
+    assert ds["status"] == "invalid", ds
+    assert ds["report"]["splits"]["train"]["boxes"] == 0  # the counts stay visible
+    r = bob.post("/v1/jobs", json={"model": "yolo9-t", "data": ds["id"],
+                                   "params": {"epochs": 1, "imgsz": 64}})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert "no usable box" in detail and "class ids must be 0.." in detail, detail
+    assert "warning:" not in detail
+
+
+def test_a_batch_bigger_than_an_uploaded_set_is_a_warning_at_submit(bob, tmp_path):
+    sample = pytest.importorskip("libreyolo_core.data.sample")
+    yaml_path = sample.generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for p in sorted(yaml_path.parent.rglob("*")):
+            if p.is_file():
+                zf.write(p, f"four/{p.relative_to(yaml_path.parent)}")
+    ds = _upload(bob, buf.getvalue(), "four").json()
+    assert ds["status"] == "ready", ds
+    r = bob.post("/v1/jobs", json={"model": "yolo9-t", "data": ds["id"], "gpus": 0,
+                                   "params": {"epochs": 1, "imgsz": 64, "batch": 128}})
+    assert r.status_code == 201, r.text
+    assert any("params.batch: 128 is more than the 4 training images" in w
+               for w in r.json()["warnings"]), r.json()["warnings"]
+    ok = bob.post("/v1/jobs", json={"model": "yolo9-t", "data": ds["id"], "gpus": 0,
+                                    "params": {"epochs": 1, "imgsz": 64, "batch": 4}})
+    assert not any("params.batch" in w for w in ok.json()["warnings"])
+    for j in (r.json()["id"], ok.json()["id"]):
+        bob.post(f"/v1/jobs/{j}/cancel")

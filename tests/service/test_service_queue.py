@@ -116,7 +116,7 @@ def test_users_cap_command_sets_shows_and_resets(queue_api, monkeypatch):
     assert r.exit_code == 0 and any(line.split()[:3] == [name, "no", "6"]
                                     for line in r.output.splitlines()), r.output
     r = run.invoke(app, ["users", "cap", name], env=env)
-    assert r.output.strip() == f"{name}: cap 6"
+    assert r.stdout.strip() == f"{name}: cap 6"
     r = run.invoke(app, ["users", "cap", name, "--default"], env=env)
     assert r.exit_code == 0 and cap_in_db() is None and "(default)" in r.output
     r = run.invoke(app, ["users", "cap", "nobody-at-all", "2"], env=env)

@@ -145,3 +145,40 @@ def test_transfer_report_lists_reinitialised_head_compactly():
     assert report.summary() == (f"transferred {report.total - 6} of {report.total} tensors; "
                                 "re-initialised: head.cls_preds.{0,1,2}.{bias,weight}")
     assert compact_names(["a.0.w", "a.1.w", "b"]) == ["a.{0,1}.w", "b"]
+
+
+@pytest.mark.parametrize("make, names", [
+    (lambda: {"model": torch.nn.Conv2d(3, 4, 3)}, "torch.nn.modules.conv.Conv2d"),
+    (lambda: {"rng": np.random.RandomState(0)}, "numpy.random._pickle.__randomstate_ctor"),
+])
+def test_a_file_that_needs_code_is_named_whole_and_never_nudges_to_weights_only_false(
+        tmp_path, make, names):
+    """#28.10: the message was cut mid-sentence from torch's, which suggests
+    weights_only=False; it names the globals and the safe way out instead."""
+    from libreyolo_core.weights.reader import read_torch_file
+
+    path = tmp_path / "full.pt"
+    torch.save(make(), path)
+    with pytest.raises(CheckpointError) as info:
+        read_torch_file(path)
+    msg = str(info.value)
+    assert "cannot be loaded safely" in msg and names in msg, msg
+    assert "weights_only=False" not in msg and "\x1b" not in msg
+    assert msg.endswith("save its weights instead: torch.save(model.state_dict(), path)")
+
+
+def test_a_file_with_model_and_ema_loads_the_ema_and_says_so(tmp_path, caplog):
+    """#28.11 (a public bug report): 'model' held the raw weights and 'ema' the average;
+    the raw ones were loaded without a word."""
+    raw, avg = build_yolox("n", 2).state_dict(), build_yolox("n", 2).state_dict()
+    avg = {k: (v + 1 if v.is_floating_point() else v) for k, v in avg.items()}
+    torch.save({"model": raw, "ema": avg}, tmp_path / "both.pth")
+    with caplog.at_level(logging.INFO, logger="libreyolo_core"):
+        w = load_weights(tmp_path / "both.pth")
+    assert "using its 'ema' entry (the averaged weights), not 'model'" in caplog.text
+
+    def total(state):
+        return float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
+
+    assert total(w.state) == pytest.approx(total(avg), rel=1e-6)
+    assert total(w.state) != pytest.approx(total(raw), rel=1e-6)

@@ -150,7 +150,10 @@ def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
     assert "weights/last.pt" in arts, arts
     assert not [a for a in arts if a.startswith("weights/epoch_")], arts  # no unexplained copies
     last = settings.artifact_root / job_id / "run" / "weights" / "last.pt"
-    assert f"{last} saved; resume with resume={last}" in logs, logs[-2000:]  # the real path
+    # #28.9: the service's way to resume, not a server path its user cannot use
+    assert (f"last.pt saved; resume with `libreyolo-service jobs resume {job_id}` (POST "
+            f"/v1/jobs/{job_id}/resume, or Resume on its page)") in logs, logs[-2000:]
+    assert f"resume={last}" not in logs and last.is_file()
     lines = engine_lines(settings.artifact_root / job_id / "run")
     assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
 

@@ -122,6 +122,12 @@
     if (status === 'succeeded') {
       progressEl.value = 100;
     }
+    // an ended job has no time left: drop the ETA its last progress event gave
+    if (TERMINAL.indexOf(status) !== -1) {
+      progressText.textContent = progressText.textContent.replace(/ · ETA [^·]*$/, '');
+      // a finished tune is not "2 of 3 trials done" (the summary refresh adds the count)
+      if (progressText.textContent.indexOf('tuning:') === 0) progressText.textContent = 'tune ' + status;
+    }
   }
 
   function fmtSeconds(s) {
@@ -166,7 +172,8 @@
     if (d.phase === 'validating') {
       progressEl.value = Math.max(0, Math.min(100, Math.round(100 * epoch / epochs)));
     }
-    if (!epochDone && d.phase !== 'validating' && typeof d.eta_s === 'number') {
+    if (!epochDone && d.phase !== 'validating' && typeof d.eta_s === 'number'
+        && TERMINAL.indexOf(root.dataset.status) === -1) {
       detail += ' · ETA ' + fmtSeconds(d.eta_s);
     }
     progressText.textContent = 'epoch ' + epoch + '/' + epochs + detail;
@@ -390,6 +397,26 @@
       summaryBusy = false;
     }
   }
+
+  // a cancelled or failed train job: a new job that continues from its last.pt
+  summary.addEventListener('click', async function (ev) {
+    const button = ev.target.closest('#resume-button');
+    if (!button) return;
+    const message = document.getElementById('resume-message');
+    button.disabled = true;
+    message.textContent = 'Resuming…';
+    try {
+      const resp = await L.request('POST', '/v1/jobs/' + encodeURIComponent(jobId) + '/resume');
+      if (resp.ok) {
+        window.location.assign('/jobs/' + encodeURIComponent(resp.data.id));
+        return;
+      }
+      message.textContent = 'Could not resume: ' + L.problemText(resp.data);
+    } catch (err) {
+      message.textContent = 'Could not resume: ' + err;
+    }
+    button.disabled = false;
+  });
 
   summary.addEventListener('click', function (ev) {
     const button = ev.target.closest('#cancel-button');

@@ -1,0 +1,43 @@
+"""#28.12: a run that skips whole groups (no Chromium, no docker-compose, no coco128) ends
+with one line naming each group and how to enable it."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _conftest():
+    spec = importlib.util.spec_from_file_location("root_conftest", REPO / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_skip_reasons_are_grouped_with_how_to_enable_them():
+    groups = _conftest().skip_groups([
+        "/usr/bin/chromium not installed (apt-get install chromium)",
+        "/usr/bin/chromium not installed (apt-get install chromium)",
+        "docker-compose not installed (apt-get install docker-compose)",
+        "coco128 not found at /nowhere", "needs a CUDA device", "something else"])
+    assert {g: n for g, (n, _) in groups.items()} == {
+        "browser": 2, "compose": 1, "coco128": 1, "gpu": 1, "other": 1}
+    assert "apt-get install chromium" in groups["browser"][1]
+
+
+def test_the_closing_line_is_last(tmp_path):
+    """A real pytest run of a compose test where docker-compose may be missing: when it
+    skips, the last line of the output names the group."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/service/test_service_compose.py"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    last = out.stdout.strip().splitlines()[-1]
+    if "1 skipped" in out.stdout:  # docker-compose is missing here
+        assert last.startswith("skipped groups: compose (1 skipped: apt-get install"), out.stdout
+    else:
+        assert "passed" in last and "skipped groups" not in out.stdout
