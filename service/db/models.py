@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -238,6 +239,11 @@ class Model(Base):
     """
 
     __tablename__ = "models"
+    #: one model per published job (``job:<id>``), so concurrent publishes make one
+    #: (migration 0009p); uploads (``upload``) may repeat
+    __table_args__ = (Index("uq_models_published_source", "source", unique=True,
+                            sqlite_where=text("source <> 'upload'"),
+                            postgresql_where=text("source <> 'upload'")),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("m"))
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -254,3 +260,7 @@ class Model(Base):
     source: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: ``ready``; ``inspecting`` while a published checkpoint is read after the publish
+    #: answered (the facts above are placeholders then); ``failed`` (``error`` says why)
+    state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
