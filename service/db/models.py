@@ -124,6 +124,9 @@ class Job(Base):
     end_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: re-queues after infrastructure ends (their own budget, ``max_infra_retries``)
     infra_retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: why no worker started this queued job although one was woken (migration 0009p),
+    #: e.g. the worker's disk below ``min_free_disk_mb``; cleared by the claim
+    waiting_note: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)

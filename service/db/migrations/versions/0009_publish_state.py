@@ -1,4 +1,8 @@
-"""models: state (inspecting / ready / failed) and error; one model per published job
+"""models: state (inspecting / ready / failed) and error; one model per published job;
+jobs: waiting_note
+
+``jobs.waiting_note`` says why a woken worker did not start a queued job (its disk below
+``min_free_disk_mb``, ``worker.runner``); the claim clears it.
 
 A publish answers at once with the model ``inspecting`` and inspects the weights after
 the answer (``service.api.models``); ``state`` and ``error`` say where that stands. A
@@ -39,12 +43,16 @@ def upgrade() -> None:
                          .values(source=f"{source}#{model_id}"[:64]))
         else:
             first[source] = model_id
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("waiting_note", sa.Text(), nullable=True))
     op.create_index("uq_models_published_source", "models", ["source"], unique=True,
                     sqlite_where=_PUBLISHED, postgresql_where=_PUBLISHED)
 
 
 def downgrade() -> None:
     op.drop_index("uq_models_published_source", table_name="models")
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("waiting_note")
     with op.batch_alter_table("models") as batch:
         batch.drop_column("error")
         batch.drop_column("state")
