@@ -43,7 +43,15 @@ from libreyolo_client._errors import (
     unsendable,
 )
 from libreyolo_client._follow import Follower
-from libreyolo_client._models import ArtifactInfo, Event, JobInfo, Model, Preflight, TuneReport
+from libreyolo_client._models import (
+    ArtifactInfo,
+    Event,
+    JobInfo,
+    Model,
+    Preflight,
+    TuneReport,
+    published,
+)
 from libreyolo_client._sse import SSEvent, aparse_sse
 
 __all__ = ["AsyncClient", "AsyncJob"]
@@ -269,11 +277,20 @@ class AsyncJob:
         self.info = await self._client.cancel(self.id)
         return self.info
 
-    async def publish(self, name: str) -> Model:
+    async def publish(self, name: str, *, wait: bool = True, timeout: float = 300.0) -> Model:
         """See :meth:`Job.publish`."""
-        return Model.model_validate(await self._client._json(
+        model = Model.model_validate(await self._client._json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
-            timeout=httpx.Timeout(300.0, connect=10.0)))
+            timeout=httpx.Timeout(60.0, connect=10.0)))
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while wait and not published(model):
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+            model = await self._client.model(model.id)
+        return model
 
     async def artifacts(self) -> list[ArtifactInfo]:
         """See :meth:`Job.artifacts`."""

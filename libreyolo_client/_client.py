@@ -47,6 +47,7 @@ from libreyolo_client._models import (
     Preflight,
     TuneReport,
     ValReport,
+    published,
 )
 from libreyolo_client._progress import EventPrinter
 from libreyolo_client._sse import SSEvent, parse_sse
@@ -824,15 +825,33 @@ class Job:
                 time.sleep(poll_s)
 
     # -- artifacts -------------------------------------------------------------------
-    def publish(self, name: str) -> Model:
+    def publish(self, name: str, *, wait: bool = True, timeout: float = 300.0) -> Model:
         """Register this finished job's ``weights/best.pt`` as a model named ``name``.
+
+        The service answers at once with the model ``inspecting`` and reads the checkpoint
+        afterwards; with ``wait`` (the default) this polls the model until it is ``ready``.
+
+        Args:
+            wait: poll until the model is ready (False: return it as the publish answered).
+            timeout: seconds to wait for it.
 
         Raises:
             Conflict: the job has not succeeded, or has no ``weights/best.pt``.
+            ValidationError: the service refused the checkpoint (``field`` ``job``).
+            WaitTimeout: still inspecting after ``timeout`` seconds.
         """
-        return Model.model_validate(self._client._json(
+        model = Model.model_validate(self._client._json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
-            timeout=httpx.Timeout(300.0, connect=10.0)))
+            timeout=httpx.Timeout(60.0, connect=10.0)))
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while wait and not published(model):
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
+            time.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+            model = self._client.model(model.id)
+        return model
 
     def report(self) -> ValReport:
         """The validation report of a training job (``val/report.json``, written when the

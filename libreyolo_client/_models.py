@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
+           "published",
            "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
            "TERMINAL_STATUSES"]
 
@@ -148,7 +149,9 @@ class Model(_Model):
 
     ``family``/``size``/``nc``/``names`` (class id as a string -> name)/``params`` are what
     the service read from the file; ``source`` is ``upload`` or ``job:<job id>`` for a
-    published checkpoint; ``bytes`` is the file size, ``sha256`` its digest.
+    published checkpoint; ``bytes`` is the file size, ``sha256`` its digest. ``state``:
+    ``ready``; ``inspecting`` right after a publish (the facts are placeholders until the
+    service has read the checkpoint); ``failed`` (``error`` says why).
     """
 
     id: str
@@ -164,11 +167,28 @@ class Model(_Model):
     imgsz: int | None = None
     source: str = ""
     created_at: datetime | None = None
+    state: str = "ready"
+    error: str | None = None
 
     @property
     def model_name(self) -> str:
         """``<family>-<size>``, e.g. ``yolo9-t``."""
         return f"{self.family}-{self.size}"
+
+
+def published(model: Model) -> bool:
+    """True when ``model`` is ready, False while the service still inspects it.
+
+    Raises:
+        ValidationError: the service refused the checkpoint (``field`` ``job``, the
+            reason in ``detail``).
+    """
+    if model.state == "failed":
+        from libreyolo_client._errors import ValidationError
+
+        raise ValidationError(422, f"model {model.id}: {model.error or 'inspection failed'}",
+                              problem={"field": "job", "model_id": model.id})
+    return model.state != "inspecting"
 
 
 class TuneRow(_Model):

@@ -592,6 +592,9 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point of ``libreyolo``."""
+    from libreyolo_core.engine.fence import guard_output
+
+    guard_output()  # under the service: a given-up attempt prints nothing into the log
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     warnings.formatwarning = _format_warning
     code = run(sys.argv[1:] if argv is None else argv)

@@ -261,6 +261,7 @@ def _take(session: Session, job: Waiting, queue: str, cap: int, worker_id: str,
         attempt=Job.attempt + 1, lease_owner=worker_id,
         lease_expires_at=now + timedelta(seconds=lease_s),
         started_at=func.coalesce(Job.started_at, now), cancel_requested=False,
+        waiting_note=None,
     )
 
 

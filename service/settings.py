@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     hang_min_s: float = Field(
         600.0, gt=0, description="hang watchdog T, seconds: the shortest silence called a "
         "hang (also the limit before the first step has finished)")
+    min_free_disk_mb: float = Field(
+        1024.0, ge=0, description="a worker starts no job while the disk of artifact_root "
+        "has less free space than this (MB): the job stays queued with the reason "
+        "(its waiting field), and a worker with room may take it; 0 turns the check off")
+    disk_recheck_s: float = Field(
+        10.0, gt=0, description="a worker below min_free_disk_mb that was woken re-sends the "
+        "wake-up (for a worker with room) and waits this long before it takes another")
     worker_heartbeat_s: float = Field(
         10.0, gt=0, description="how often a worker writes its row in the workers table")
     worker_ttl_s: float = Field(

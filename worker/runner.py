@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import socket
 import threading
 import time
@@ -79,7 +80,7 @@ from worker.result import result_summary
 from worker.supervise import Outage
 from worker.tail import Observed, Tail
 
-__all__ = ["run_job", "run_next", "wake_gangs_on"]
+__all__ = ["low_disk", "run_job", "run_next", "wake_gangs_on"]
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +281,10 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
             on_requeue(job_id, queued.queue, queued.priority)
         log.info("job %s: worker shutting down; message handed back", job_id)
         return "skipped"
+    low = low_disk(settings)
+    if low is not None:
+        return _refuse_low_disk(job_id, low, sessions=sessions, worker_id=worker_id,
+                                stop=stop, on_requeue=on_requeue, settings=settings)
     if pick:
         queue = getattr(read_job(sessions, job_id), "queue", None)
         claim = _claim(sessions, settings, worker_id, queue=queue) if queue else None
@@ -314,6 +319,46 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
     if claim.nodes > 1 and on_requeue is not None:
         _wake_gang(sessions, job.queue, on_requeue)
     return status
+
+
+def low_disk(settings: Settings) -> str | None:
+    """Why this worker may not start a job now: the disk of ``artifact_root`` has less free
+    space than ``min_free_disk_mb`` (checkpoints and logs go there); None when it has room
+    (or the check is off, 0)."""
+    if settings.min_free_disk_mb <= 0:
+        return None
+    where = Path(settings.artifact_root)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free_mb = shutil.disk_usage(where).free / 2**20
+    if free_mb >= settings.min_free_disk_mb:
+        return None
+    return (f"{free_mb:,.0f} MB free on its disk, below min_free_disk_mb="
+            f"{settings.min_free_disk_mb:g}")
+
+
+def _refuse_low_disk(job_id: str, low: str, *, sessions: sessionmaker[Session], worker_id: str,
+                     stop: threading.Event | None, on_requeue: Any, settings: Settings) -> str:
+    """A woken worker whose disk is below the floor starts nothing: the queued jobs of the
+    message's queue get the reason (their ``waiting`` field, until a claim clears it), the
+    wake-up is sent again for a worker with room, and this one waits ``disk_recheck_s``
+    before it takes another message (so it does not take that one straight back)."""
+    note = f"waiting for a worker with room: worker {worker_id} has {low}"
+    log.warning("job %s: not started: %s", job_id, note)
+    job = read_job(sessions, job_id)
+    if job is None or job.status != JobStatus.QUEUED:
+        return "skipped"
+    with sessions() as s:
+        s.execute(update(Job).where(Job.queue == job.queue, Job.status == JobStatus.QUEUED)
+                  .values(waiting_note=note))
+        s.commit()
+    if on_requeue is not None:
+        try:
+            on_requeue(job.id, job.queue, job.priority)
+        except Exception:
+            log.exception("job %s: could not re-send (the reaper will)", job_id)
+    (stop or threading.Event()).wait(settings.disk_recheck_s)
+    return "skipped"
 
 
 def _send_wakeups(sessions: sessionmaker[Session], targets: Callable[[Session], list],

@@ -12,6 +12,13 @@ at once (``os._exit(EXIT_FENCED)``) without writing. Its event lines also carry 
 before the engine noticed (:mod:`worker.tail`). Unlike killing by pid, this works when the
 two attempts run on different hosts, or in different PID namespaces of one host.
 
+The job's ``train.log`` (the engine's stdout and stderr, appended to by every attempt) is
+fenced the same way: :func:`guard_output` makes each write to ``sys.stdout`` and
+``sys.stderr`` check the fence first, so a line a given-up engine prints after the newer
+attempt raised the fence never reaches the log; the one line the log gets is the
+``fenced:`` notice itself. (Bytes written past Python's streams, e.g. ``os.write(2, ...)``
+from native code, are not covered.)
+
 Outside the service (no ``$LIBREYOLO_ATTEMPT_TOKEN``) there is no fence.
 """
 
@@ -20,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
-__all__ = ["EXIT_FENCED", "FENCE_FILE_ENV", "TOKEN_ENV", "check", "current", "token"]
+__all__ = ["EXIT_FENCED", "FENCE_FILE_ENV", "TOKEN_ENV", "check", "current", "guard_output",
+           "token"]
 
 #: the engine's exit code when it found its attempt fenced off
 EXIT_FENCED = 6
@@ -61,8 +70,42 @@ def check(what: str, leftover: str | os.PathLike[str] | None = None) -> None:
         if leftover is not None:
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
-        sys.stderr.write(f"error: fenced: this engine runs attempt {mine}, but attempt {now} "
-                         f"of the job has started; {what} not written, stopping now\n")
-        sys.stderr.flush()
+        err = getattr(sys.stderr, "unfenced", sys.stderr)  # not through the guard
+        err.write(f"error: fenced: this engine runs attempt {mine}, but attempt {now} "
+                  f"of the job has started; {what} not written, stopping now\n")
+        err.flush()
     finally:
         os._exit(EXIT_FENCED)
+
+
+class _FencedStream:
+    """A text stream whose writes first :func:`check` the fence (the rest is the wrapped
+    stream's, ``unfenced``)."""
+
+    def __init__(self, stream: Any, name: str):
+        self.unfenced, self._name = stream, name
+
+    def write(self, text: str) -> int:
+        if text:
+            check(f"{self._name} output")
+        return self.unfenced.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.unfenced, attr)
+
+
+def guard_output() -> None:
+    """Inside the service (an attempt token is set): every later write to ``sys.stdout``
+    and ``sys.stderr`` (prints, logging handlers made after this call, warnings) checks
+    the fence first, so an engine of a given-up attempt adds nothing to the job's log past
+    the ``fenced:`` notice. Outside the service, or called twice, it does nothing."""
+    if token() is None:
+        return
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _FencedStream):
+            setattr(sys, name, _FencedStream(stream, name))

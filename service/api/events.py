@@ -4,6 +4,7 @@ and its engine log."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any
 
 import anyio
@@ -26,10 +27,12 @@ from service.api.problems import Problem
 from service.api.schemas import EventPublic, EventsPage
 from service.db.models import Job, JobEvent, User
 from service.lifecycle import TERMINAL
+from service.outage import is_outage
 from service.storage.roots import public_text
 
 __all__ = ["router"]
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 #: the largest seq (and byte offset) a request may name: a signed 64-bit integer
 MAX_SEQ = 2**63 - 1
@@ -118,8 +121,9 @@ def stream_events(
     Each event has ``id: <seq>``, ``event: <kind>`` and ``data: <EventPublic JSON>``.
     Resume after a disconnect with the ``Last-Event-ID`` header (or ``?after=``). Comment
     pings keep idle connections alive. When the job is terminal and every event was sent,
-    a final ``event: end`` with ``{"status": ..., "last_seq": ...}`` closes the stream;
-    a stream never ends without it.
+    a final ``event: end`` with ``{"status": ..., "last_seq": ...}`` closes the stream.
+    A stream that ends without it (the API restarted, or the database became unavailable
+    mid-stream) is to be resumed with ``Last-Event-ID``.
     """
     start = after
     if last_event_id and last_event_id.strip().isdigit():
@@ -133,8 +137,17 @@ def stream_events(
     async def gen():
         last = start
         while True:
-            events, status = await anyio.to_thread.run_sync(
-                _fetch_events, sessions, job_id, last, 500, settings)
+            try:
+                events, status = await anyio.to_thread.run_sync(
+                    _fetch_events, sessions, job_id, last, 500, settings)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # the database went away mid-stream: end the stream cleanly, without
+                # `end`; the client reconnects with Last-Event-ID (503s until it is back)
+                log.warning("job %s: event stream ended after seq %d: the database is "
+                            "unavailable (%s)", job_id, last, type(exc).__name__)
+                return
             for e in events:
                 last = e.seq
                 yield {"id": str(e.seq), "event": e.kind, "data": e.model_dump_json()}

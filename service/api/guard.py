@@ -7,7 +7,9 @@ Checked in this order, each before the next is spent on:
    control character once percent-decoded (a path: 404, it names nothing; a query: 422);
 2. a request with a body is authenticated before one byte of it is read (401; the same
    token rules as :func:`service.api.deps.authenticated_user`, so a route's own lookup
-   then hits the token cache); only the sign-in form is exempt;
+   then hits the token cache); only the sign-in form is exempt. A database outage during
+   the token lookup is a 503 with ``Retry-After`` (:func:`service.api.outage.outage_response`;
+   the app's exception handlers do not see a middleware's errors);
 3. the body is capped per route (413 naming the cap and its setting): a dataset zip
    ``max_upload_bytes``, a weights file ``max_model_bytes``, anything else (JSON, forms)
    ``max_json_bytes``. A ``Content-Length`` over the cap is refused at once; a body sent
@@ -24,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.outage import outage_response
 from service.api.problems import Problem, problem_response
 
 __all__ = ["BodyTooLarge", "RequestGuard", "body_cap"]
@@ -83,7 +86,13 @@ class RequestGuard:
         except ValueError:
             length = -1
         if scope["path"] not in UNAUTHENTICATED_BODIES:
-            denied = await self._unauthenticated(scope, settings)
+            try:
+                denied = await self._unauthenticated(scope, settings)
+            except Exception as exc:  # the exception handlers never see a middleware's error
+                denied = outage_response(exc, scope["method"], scope["path"],
+                                         settings.retry_after_s)
+                if denied is None:
+                    raise
             if denied is not None:
                 await denied(scope, receive, send)
                 return

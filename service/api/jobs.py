@@ -93,6 +93,8 @@ def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = N
     if live is not None:
         out.waiting = waiting_reason(job.status, job.queue, live, job.nodes)
     cluster_waiting(out)
+    if out.waiting is None and job.status == JobStatus.QUEUED and job.waiting_note:
+        out.waiting = job.waiting_note  # a woken worker could not start it (low disk)
     where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
     if where is not None:
         out.queue_position = where.position

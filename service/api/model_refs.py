@@ -6,6 +6,7 @@ Kept apart from the ``/v1/models`` router so the jobs router can use it without 
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -13,13 +14,33 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.problems import Problem
-from service.db.models import Model, User
+from service.db.models import Model, User, utcnow
 from service.settings import Settings
 from service.storage.models import ModelStore
 from service.users import owns
 
-__all__ = ["MODEL_ID", "MODEL_ID_LIKE", "OTHER_MODEL_FORMS", "describe_model_ref", "family_of_path", "model_store",
+__all__ = ["MODEL_ID", "MODEL_ID_LIKE", "OTHER_MODEL_FORMS", "READY", "INSPECTING", "FAILED",
+           "describe_model_ref", "family_of_path", "model_state", "model_store",
            "resolve_model_id", "visible"]
+
+#: a model's ``state`` (migration 0010p): usable; a publish is reading its checkpoint; the
+#: inspection refused it (``error`` says why)
+READY, INSPECTING, FAILED = "ready", "inspecting", "failed"
+#: seconds past ``inspect_timeout_s`` after which a model still ``inspecting`` has lost
+#: its inspection (the API process stopped meanwhile): it reads as failed
+STALE_AFTER_S = 60.0
+
+
+def model_state(model: Model, settings: Settings) -> tuple[str, str | None]:
+    """``(state, error)`` of ``model`` as the API and pages show it: the row's, except that
+    a model ``inspecting`` for longer than ``inspect_timeout_s`` + :data:`STALE_AFTER_S`
+    is ``failed`` (nothing will finish that inspection; publishing again retries)."""
+    state = model.state or READY
+    if state == INSPECTING and model.created_at is not None and utcnow() - model.created_at \
+            > timedelta(seconds=settings.inspect_timeout_s + STALE_AFTER_S):
+        return FAILED, "the inspection did not finish (the API stopped meanwhile?); " \
+            "publish the job again to retry"
+    return state, model.error
 
 #: a model id as jobs accept it in ``model``.
 MODEL_ID = re.compile(r"m[0-9a-f]{24}")
@@ -55,6 +76,10 @@ def resolve_model_id(session: Session, user: User, model_id: str) -> tuple[str, 
     if not visible(model, user):
         raise Problem(422, f"model: no model {model_id} among your models (not found; see "
                       "`libreyolo-service models list`)", field="model")
+    if model.state != READY:
+        why = "is still being inspected (published moments ago): retry in a few seconds" \
+            if model.state == INSPECTING else f"failed its inspection: {model.error}"
+        raise Problem(422, f"model: model {model_id} {why}", field="model")
     if not Path(model.path).is_file():
         raise Problem(422, f"model: the file of model {model_id} is missing on the server",
                       field="model")

@@ -4,6 +4,12 @@ A model is a weights file the engine can start from: ``POST /v1/jobs`` accepts i
 ``model``. Every file is read by ``python -m libreyolo_core.weights inspect`` in a child
 process with a time limit (``torch.load(weights_only=True)``; the API process never imports
 torch), which says its family, size, classes and parameter count.
+
+An upload is inspected inside its request (the client is sending the file anyway). A
+publish answers at once (202) with the model ``inspecting`` and inspects the job's
+checkpoint after the answer; the model then becomes ``ready``, or ``failed`` with the
+reason in ``error`` (:func:`_finish_publish`). One model per published job: a unique index
+on ``source`` (migration 0010p) makes two concurrent publishes one model.
 """
 
 from __future__ import annotations
@@ -18,15 +24,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from libreyolo_core.models.registry import ModelNameError, parse_model_name
 from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep
 from service.api.files import RecordedDigest, current_digest, serve_file
-from service.api.model_refs import model_store, visible
+from service.api.model_refs import FAILED, INSPECTING, READY, model_state, model_store, visible
 from service.api.problems import Problem
 from service.db.models import Job, Model, User, new_id
 from service.lifecycle import ACTIVE, JobStatus
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "PublishRequest"]
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/models", tags=["models"])
 publish_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -63,6 +71,11 @@ class ModelPublic(BaseModel):
     imgsz: int | None = Field(None, description="training image size stored in the file")
     source: str = Field(description="upload, or job:<job id> for a published checkpoint")
     created_at: datetime
+    state: str = Field(READY, description="ready; inspecting (a publish is reading the "
+                       "checkpoint: family, size, nc, names, params and sha256 are "
+                       "placeholders until ready); failed (error says why; publish again to "
+                       "retry)")
+    error: str | None = Field(None, description="why the inspection failed (state failed)")
 
 
 class ModelsPage(BaseModel):
@@ -91,13 +104,45 @@ def owned_model(model_id: str, user: CurrentUser, session: SessionDep) -> Model:
 OwnedModel = Annotated[Model, Depends(owned_model)]
 
 
-def _public(model: Model) -> ModelPublic:
-    return ModelPublic.model_validate(model)
+def _public(model: Model, settings: Settings) -> ModelPublic:
+    out = ModelPublic.model_validate(model)
+    out.state, out.error = model_state(model, settings)
+    return out
 
 
 def _detail(reason: str) -> str:
     text = " ".join(reason.split())
     return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS - 3] + "..."
+
+
+def _checked_info(part: Path, settings: Settings, field: str) -> dict[str, Any]:
+    """The inspector's facts about ``part`` (a child process, :func:`inspect_in_child`).
+
+    Raises:
+        Problem 422 naming ``field``: the inspector refused the file (its reason), timed
+            out, or found a family / size this service does not have.
+    """
+    try:
+        info = inspect_in_child(part, python=settings.engine_python,
+                                timeout_s=settings.inspect_timeout_s)
+    except WeightsRejected as exc:
+        raise Problem(422, f"{field}: not a usable weights file: {_detail(str(exc))}",
+                      field=field) from None
+    try:
+        parse_model_name(f"{info['family']}-{info['size']}")
+    except ModelNameError as exc:
+        raise Problem(422, f"{field}: a {info['family']}-{info['size']} model, which this "
+                      f"service cannot train ({exc})", field=field) from None
+    return info
+
+
+def _facts(info: dict[str, Any]) -> dict[str, Any]:
+    """The ``models`` columns the inspector's JSON fills."""
+    return dict(family=str(info["family"]), size=str(info["size"]), nc=int(info["nc"]),
+                names={str(k): str(v) for k, v in (info.get("names") or {}).items()},
+                params=int(info["params"]), sha256=str(info["sha256"]),
+                bytes=int(info["bytes"]), format=str(info.get("format") or "unknown"),
+                imgsz=info.get("imgsz"))
 
 
 async def _register(session: Session, settings: Settings, *, model_id: str, part: Path,
@@ -107,32 +152,17 @@ async def _register(session: Session, settings: Settings, *, model_id: str, part
     ``part`` is deleted whatever happens unless it became the model's file.
 
     Raises:
-        Problem 422 naming ``field``: the inspector refused the file (its reason), timed
-            out, or found a family / size this service does not have.
+        Problem 422 naming ``field``: as :func:`_checked_info`.
     """
     store = model_store(settings)
     try:
-        try:
-            info = await anyio.to_thread.run_sync(lambda: inspect_in_child(
-                part, python=settings.engine_python, timeout_s=settings.inspect_timeout_s))
-        except WeightsRejected as exc:
-            raise Problem(422, f"{field}: not a usable weights file: {_detail(str(exc))}",
-                          field=field) from None
-        try:
-            parse_model_name(f"{info['family']}-{info['size']}")
-        except ModelNameError as exc:
-            raise Problem(422, f"{field}: a {info['family']}-{info['size']} model, which this "
-                          f"service cannot train ({exc})", field=field) from None
+        info = await anyio.to_thread.run_sync(_checked_info, part, settings, field)
         final = store.path(model_id)
         os.replace(part, final)
     finally:
         part.unlink(missing_ok=True)
-    model = Model(id=model_id, owner_id=owner.id, name=name, family=str(info["family"]),
-                  size=str(info["size"]), nc=int(info["nc"]),
-                  names={str(k): str(v) for k, v in (info.get("names") or {}).items()},
-                  params=int(info["params"]), sha256=str(info["sha256"]),
-                  bytes=int(info["bytes"]), format=str(info.get("format") or "unknown"),
-                  imgsz=info.get("imgsz"), source=source, path=str(final))
+    model = Model(id=model_id, owner_id=owner.id, name=name, source=source, path=str(final),
+                  state=READY, **_facts(info))
     session.add(model)
     try:
         session.commit()
@@ -140,6 +170,41 @@ async def _register(session: Session, settings: Settings, *, model_id: str, part
         final.unlink(missing_ok=True)
         raise
     return model
+
+
+def _finish_publish(sessions: sessionmaker[Session], settings: Settings, model_id: str,
+                    part: Path) -> None:
+    """After a publish answered: inspect ``part`` (the job's checkpoint, linked or copied
+    into the model store) and make model ``model_id`` ``ready`` with the inspector's facts
+    (its file moved in place), or ``failed`` with the reason (``part`` deleted). Only a
+    model still ``inspecting`` is changed (one deleted meanwhile stays deleted). A
+    database outage here leaves it ``inspecting``, which reads as failed once
+    ``inspect_timeout_s`` + 60 s have passed (:func:`service.api.model_refs.model_state`)."""
+    final = model_store(settings).path(model_id)
+    try:
+        try:
+            values: dict[str, Any] = {"state": READY, "error": None,
+                                      **_facts(_checked_info(part, settings, "job"))}
+        except Problem as exc:
+            values = {"state": FAILED, "error": exc.detail}
+        except Exception as exc:  # noqa: BLE001 - said on the model, not lost in a log
+            log.exception("model %s: the inspection failed", model_id)
+            values = {"state": FAILED, "error": f"the inspection failed: {type(exc).__name__}"}
+        if values["state"] == READY:
+            os.replace(part, final)
+        with sessions() as s:
+            changed = s.execute(update(Model).where(Model.id == model_id,
+                                                    Model.state == INSPECTING)
+                                .values(**values)).rowcount  # type: ignore[attr-defined]
+            s.commit()
+        if not changed:
+            final.unlink(missing_ok=True)
+        log.info("model %s: %s%s", model_id, values["state"],
+                 f" ({values['error']})" if values.get("error") else "")
+    except Exception:
+        log.exception("model %s: the inspection's result was not recorded", model_id)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 @router.post(
@@ -199,33 +264,35 @@ async def upload_model(
         part.unlink(missing_ok=True)
         response.status_code = 200
         response.headers["Location"] = f"/v1/models/{same.id}"
-        return _public(same)
+        return _public(same, settings)
     model = await _register(session, settings, model_id=model_id, part=part, owner=user,
                             name=name, source="upload", field="body")
     response.headers["Location"] = f"/v1/models/{model.id}"
-    return _public(model)
+    return _public(model, settings)
 
 
 @router.get("", response_model=ModelsPage, operation_id="models-list")
-def list_models(user: CurrentUser, session: SessionDep) -> ModelsPage:
+def list_models(user: CurrentUser, session: SessionDep, settings: SettingsDep) -> ModelsPage:
     """Your models, newest first (admins see everyone's)."""
     stmt = select(Model).order_by(Model.id.desc())
     if not user.is_admin:
         stmt = stmt.where(Model.owner_id == user.id)
-    return ModelsPage(data=[_public(m) for m in session.scalars(stmt)])
+    return ModelsPage(data=[_public(m, settings) for m in session.scalars(stmt)])
 
 
 @router.get("/{model_id}", response_model=ModelPublic, operation_id="models-get",
             responses=_NOT_FOUND)
-def get_model(model: OwnedModel) -> ModelPublic:
-    """One model: family, size, classes, parameter count, sha256, source."""
-    return _public(model)
+def get_model(model: OwnedModel, settings: SettingsDep) -> ModelPublic:
+    """One model: family, size, classes, parameter count, sha256, source, and ``state``
+    (poll it after a publish until it is ``ready`` or ``failed``)."""
+    return _public(model, settings)
 
 
 @router.api_route(
     "/{model_id}/file", methods=["GET", "HEAD"], operation_id="models-download",
     responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
-               206: {"description": "partial content (Range)"}, 304: {"description": "ETag"}},
+               206: {"description": "partial content (Range)"}, 304: {"description": "ETag"},
+               409: {"description": "the model is not ready (inspecting or failed)"}},
 )
 def download_model(
     model: OwnedModel,
@@ -239,6 +306,8 @@ def download_model(
     Raises:
         404: no such model, or its file is missing.
     """
+    if model.state != READY:
+        raise Problem(409, f"model {model.id} is {model.state}, not ready", state=model.state)
     file = Path(model.path)
     if not file.is_file():
         raise Problem(404, f"the file of model {model.id!r} is missing on the server")
@@ -271,55 +340,79 @@ def delete_model(model: OwnedModel, session: SessionDep) -> Response:
 
 
 @publish_router.post(
-    "/{job_id}/publish", status_code=201, response_model=ModelPublic,
+    "/{job_id}/publish", status_code=202, response_model=ModelPublic,
     operation_id="jobs-publish",
-    responses={200: {"description": "published before under this name: that model",
-                     "model": ModelPublic},
+    responses={200: {"description": "published before under this name: that model (it may "
+                     "still be inspecting)", "model": ModelPublic},
                404: {"description": "no such job (or another user's job)"},
                409: {"description": "the job has not succeeded, has no weights/best.pt, or "
                                     "was published under another name"}},
 )
 async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
-                      settings: SettingsDep, request: Request, response: Response) -> ModelPublic:
+                      settings: SettingsDep, request: Request, response: Response,
+                      background: BackgroundTasks) -> ModelPublic:
     """Register a finished job's ``weights/best.pt`` as a model named ``name``.
 
-    The file is copied into the model store (so the model outlives the job's folder) and
-    inspected like an upload; ``source`` is ``job:<job id>``. Idempotent: publishing the
-    job again with the same name answers 200 with the model it made (nothing inspected
-    again); with another name, 409 naming that model.
+    Answers at once (202) with the model ``inspecting``: the file is linked (or copied)
+    into the model store, so the model outlives the job's folder, and inspected like an
+    upload after the answer (:func:`_finish_publish`); poll ``GET /v1/models/{id}`` until
+    ``state`` is ``ready`` (or ``failed``, with ``error``). ``source`` is ``job:<job id>``.
+
+    Idempotent: publishing the job again with the same name answers 200 with the model it
+    made (in whatever state, nothing inspected again); with another name, 409 naming that
+    model. Two concurrent publishes make one model (a unique index: the second insert
+    loses and answers with the first's model). A ``failed`` model is replaced by a new
+    publish (a retry).
 
     Raises:
         409: the job has not succeeded, has no ``weights/best.pt``, or was published
             under another name.
     """
-    done = session.scalar(select(Model).where(Model.source == f"job:{job.id}",
-                                              Model.owner_id == job.owner_id)
-                          .order_by(Model.id).limit(1))
-    if done is not None:
-        if done.name != body.name:
-            raise Problem(409, f"job {job.id} is published already, as model {done.id} "
-                          f"({done.name!r})", model_id=done.id)
-        response.status_code = 200
-        response.headers["Location"] = f"/v1/models/{done.id}"
-        return _public(done)
-    if job.status != JobStatus.SUCCEEDED:
-        raise Problem(409, f"job {job.id} is {job.status}: only a succeeded job can be "
-                      "published", status_now=job.status)
-    best = request.app.state.store.resolve(job.id, "weights/best.pt")
-    if best is None:
-        raise Problem(409, f"job {job.id} has no weights/best.pt")
-    store = model_store(settings)
-    model_id = new_id("m")
-    part = store.incoming(model_id)
-    await anyio.to_thread.run_sync(_link_or_copy, best, part)
-    model = await _register(session, settings, model_id=model_id, part=part,
-                            owner=session.get_one(User, job.owner_id), name=body.name,
-                            source=f"job:{job.id}", field="job")
-    if settings.mlflow_tracking_uri:  # a version in MLflow's registry too, best effort
-        await anyio.to_thread.run_sync(_register_in_mlflow, request.app.state.store, job.id,
-                                       body.name, model.id, settings.mlflow_tracking_uri)
-    response.headers["Location"] = f"/v1/models/{model.id}"
-    return _public(model)
+    source = f"job:{job.id}"
+    for _ in range(3):
+        done = session.scalar(select(Model).where(Model.source == source,
+                                                  Model.owner_id == job.owner_id))
+        if done is not None and model_state(done, settings)[0] == FAILED:
+            Path(done.path).unlink(missing_ok=True)  # a retry: the failed model goes
+            session.delete(done)
+            session.commit()
+            done = None
+        if done is not None:
+            if done.name != body.name:
+                raise Problem(409, f"job {job.id} is published already, as model {done.id} "
+                              f"({done.name!r})", model_id=done.id)
+            response.status_code = 200
+            response.headers["Location"] = f"/v1/models/{done.id}"
+            return _public(done, settings)
+        if job.status != JobStatus.SUCCEEDED:
+            raise Problem(409, f"job {job.id} is {job.status}: only a succeeded job can be "
+                          "published", status_now=job.status)
+        best = request.app.state.store.resolve(job.id, "weights/best.pt")
+        if best is None:
+            raise Problem(409, f"job {job.id} has no weights/best.pt")
+        store = model_store(settings)
+        model_id = new_id("m")
+        part = store.incoming(model_id)
+        await anyio.to_thread.run_sync(_link_or_copy, best, part)
+        model = Model(id=model_id, owner_id=job.owner_id, name=body.name, family="", size="",
+                      nc=0, names={}, params=0, sha256="", bytes=part.stat().st_size,
+                      format="", imgsz=None, source=source, path=str(store.path(model_id)),
+                      state=INSPECTING)
+        session.add(model)
+        try:
+            session.commit()
+        except IntegrityError:  # a concurrent publish of this job won: answer with its model
+            session.rollback()
+            part.unlink(missing_ok=True)
+            continue
+        background.add_task(_finish_publish, request.app.state.sessions, settings, model_id,
+                            part)
+        if settings.mlflow_tracking_uri:  # a version in MLflow's registry too, best effort
+            background.add_task(_register_in_mlflow, request.app.state.store, job.id, body.name,
+                                model.id, settings.mlflow_tracking_uri)
+        response.headers["Location"] = f"/v1/models/{model.id}"
+        return _public(model, settings)
+    raise Problem(409, f"job {job.id} is being published by another request; retry")
 
 
 def _register_in_mlflow(store: Any, job_id: str, name: str, model_id: str, uri: str) -> None:

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -128,6 +129,9 @@ class Job(Base):
     #: RUNNING, ...), ``reason`` (Slurm's waiting reason), ``restarts``; None for the
     #: local launcher
     cluster: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: why no worker started this queued job although one was woken (migration 0010p),
+    #: e.g. the worker's disk below ``min_free_disk_mb``; cleared by the claim
+    waiting_note: Mapped[str | None] = mapped_column(Text, nullable=True)
     time_budget_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -243,6 +247,11 @@ class Model(Base):
     """
 
     __tablename__ = "models"
+    #: one model per published job (``job:<id>``), so concurrent publishes make one
+    #: (migration 0010p); uploads (``upload``) may repeat
+    __table_args__ = (Index("uq_models_published_source", "source", unique=True,
+                            sqlite_where=text("source <> 'upload'"),
+                            postgresql_where=text("source <> 'upload'")),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: new_id("m"))
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -259,3 +268,7 @@ class Model(Base):
     source: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: ``ready``; ``inspecting`` while a published checkpoint is read after the publish
+    #: answered (the facts above are placeholders then); ``failed`` (``error`` says why)
+    state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

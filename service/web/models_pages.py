@@ -8,6 +8,7 @@ from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import select
 
 from service.api.deps import SessionDep, SettingsDep
+from service.api.model_refs import model_state
 from service.db.models import Job, Model
 from service.users import owns, visible_to
 from service.web.routes import base_context, page_user, render, to_signin
@@ -19,13 +20,17 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/models", response_class=HTMLResponse)
 def models_page(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
-    """Your models (admins: everyone's), newest first: family, classes, size, source."""
+    """Your models (admins: everyone's), newest first: family, classes, size, source; a
+    model a publish still inspects says so (or why it failed)."""
     user = page_user(request, session, settings)
     if user is None:
         return to_signin(request)
     stmt = visible_to(select(Model).order_by(Model.id.desc()), Model.owner_id, user)
+    models = list(session.scalars(stmt))
     return render(request, "models.html", {**base_context(request, user, "models"),
-                                           "models": list(session.scalars(stmt))})
+                                           "models": models,
+                                           "states": {m.id: model_state(m, settings)
+                                                      for m in models}})
 
 
 @router.get("/models/{model_id}", response_class=HTMLResponse)
@@ -45,4 +50,5 @@ def model_page(model_id: str, request: Request, session: SessionDep, settings: S
     source_job = model.source.removeprefix("job:") if model.source.startswith("job:") else None
     return render(request, "model.html", {**base_context(request, user, "models"),
                                           "model": model, "jobs": jobs,
-                                          "source_job": source_job})
+                                          "source_job": source_job,
+                                          "state": model_state(model, settings)})

@@ -83,7 +83,8 @@ def job_progress(job: Job, live: dict[str, int] | None = None,
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
     if job.status == JobStatus.QUEUED:
         return 0.0, (waiting_reason(job.status, job.queue, live, job.nodes) if live is not None
-                     else None) or fmt_queue(where, now or datetime.now(UTC)) or "waiting"
+                     else None) or job.waiting_note or fmt_queue(where, now or datetime.now(UTC)) \
+            or "waiting"
     if not epochs or not epoch:
         return 0.0, "—" if job.status in TERMINAL else "starting"
     steps, step = p.get("steps") or 0, p.get("step") or 0

@@ -214,9 +214,9 @@ def test_publish_refuses_unfinished_jobs(alice, data_yaml):
                       json={"name": "x"}).status_code == 404
 
 
-def test_publish_is_idempotent(server, sessions, weights):
-    """The same job published twice makes one model (200 the second time, nothing
-    inspected again); another name for it is a 409 naming the model."""
+def _succeeded_job_with(server, sessions, best_pt: Path) -> tuple[str, str]:
+    """A user (its token) and a succeeded job of theirs whose weights/best.pt is a copy of
+    ``best_pt``; ``(token, job id)``."""
     import shutil
 
     from testkit import queued_job
@@ -229,14 +229,114 @@ def test_publish_is_idempotent(server, sessions, weights):
     job_id = queued_job(sessions, owner, status="succeeded")
     best = server.app.state.store.run_dir(job_id) / "weights" / "best.pt"
     best.parent.mkdir(parents=True)
-    shutil.copyfile(weights["good"], best)
+    shutil.copyfile(best_pt, best)
+    return token, job_id
+
+
+def _until_inspected(c, model_id: str) -> dict:
+    from testkit import wait_for
+
+    got: dict = {}
+
+    def done() -> bool:
+        got.update(c.get(f"/v1/models/{model_id}").json())
+        return got["state"] != "inspecting"
+
+    wait_for(done, timeout=180, interval=0.2, what=f"model {model_id} inspected")
+    return got
+
+
+def test_publish_is_idempotent(server, sessions, weights):
+    """The same job published twice makes one model (200 the second time, nothing
+    inspected again); another name for it is a 409 naming the model."""
+    token, job_id = _succeeded_job_with(server, sessions, weights["good"])
     with client(server.url, token) as c:
         first = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}, timeout=180)
-        assert first.status_code == 201, first.text
+        assert first.status_code == 202, first.text
         again = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}, timeout=180)
         assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
         other = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "twice"})
         assert other.status_code == 409 and other.json()["model_id"] == first.json()["id"]
         assert c.post(f"/v1/jobs/{job_id}/publish", json={"name": "a\x1b[31m"}).status_code == 422
+        ready = _until_inspected(c, first.json()["id"])
+        assert ready["state"] == "ready" and ready["family"] == "yolo9" and ready["nc"] == 2
+        assert c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}).json() == ready
     with sessions() as s:
         assert s.query(Model).filter_by(source=f"job:{job_id}").count() == 1
+
+
+def test_publish_answers_at_once_then_the_model_becomes_ready(server, sessions, weights):
+    """The publish does not wait for the inspection (a child process that imports torch:
+    seconds): it answers 202 with the model ``inspecting``, which a job may not start
+    from yet and whose file is not served yet; the model becomes ``ready`` with what the
+    inspector read. Timed against an upload of the same file (inspected in its request),
+    as a ratio of the same run (no wall-clock assertion)."""
+    import time
+
+    token, job_id = _succeeded_job_with(server, sessions, weights["good"])
+    with client(server.url, token) as c:
+        t0 = time.perf_counter()
+        r = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "quick"}, timeout=180)
+        publish_s = time.perf_counter() - t0
+        assert r.status_code == 202, r.text
+        m = r.json()
+        assert m["state"] == "inspecting" and r.headers["Location"] == f"/v1/models/{m['id']}"
+        if c.get(f"/v1/models/{m['id']}").json()["state"] == "inspecting":
+            refused = c.post("/v1/jobs", json={"model": m["id"], "data": "x.yaml", "gpus": 0})
+            assert refused.status_code == 422 and "inspected" in refused.json()["detail"]
+            assert c.get(f"/v1/models/{m['id']}/file").status_code == 409
+        ready = _until_inspected(c, m["id"])
+        assert ready["state"] == "ready" and ready["family"] == "yolo9", ready
+        assert ready["sha256"] == hashlib.sha256(weights["good"].read_bytes()).hexdigest()
+        assert c.get(f"/v1/models/{m['id']}/file").content == weights["good"].read_bytes()
+        t0 = time.perf_counter()
+        assert _upload(c, weights["good"], name="timed").status_code == 201
+        upload_s = time.perf_counter() - t0
+    print(f"publish answered in {publish_s:.3f} s; an upload of the same file (inspected "
+          f"in its request) {upload_s:.3f} s: {upload_s / publish_s:.0f}x")
+
+
+def test_concurrent_publishes_of_one_job_make_one_model(server, sessions, weights):
+    """Four publishes of one job at the same moment: one model (the unique index on the
+    published source), every answer naming it; before, each request passed the "published
+    already?" check while the others were inspecting, and each made a model."""
+    import threading
+
+    token, job_id = _succeeded_job_with(server, sessions, weights["good"])
+    answers: list = []
+    go = threading.Barrier(4)
+
+    def publish() -> None:
+        with client(server.url, token) as c:
+            go.wait()
+            answers.append(c.post(f"/v1/jobs/{job_id}/publish", json={"name": "race"},
+                                  timeout=180))
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200, 200, 200, 202], [r.text for r in answers]
+    assert len({r.json()["id"] for r in answers}) == 1
+    with sessions() as s:
+        assert s.query(Model).filter_by(source=f"job:{job_id}").count() == 1
+    with client(server.url, token) as c:
+        assert _until_inspected(c, answers[0].json()["id"])["state"] == "ready"
+
+
+def test_a_published_checkpoint_the_inspector_refuses_fails_with_the_reason(server, sessions,
+                                                                            weights):
+    """The inspection after the answer refuses the checkpoint (NaN weights): the model is
+    ``failed`` with the reason, its file removed; publishing again retries (a new model)."""
+    token, job_id = _succeeded_job_with(server, sessions, weights["nan_weights"])
+    with client(server.url, token) as c:
+        m = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "bad"}, timeout=180).json()
+        failed = _until_inspected(c, m["id"])
+        assert failed["state"] == "failed" and "NaN" in failed["error"], failed
+        assert not any(m["id"] in p.name for p in _stored_files(server.app.state.settings))
+        retry = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "bad"}, timeout=180)
+        assert retry.status_code == 202 and retry.json()["id"] != m["id"]
+        assert c.get(f"/v1/models/{m['id']}").status_code == 404
+        assert _until_inspected(c, retry.json()["id"])["state"] == "failed"

@@ -193,3 +193,50 @@ def test_migration_0006_down_and_up_keeps_the_jobs(kind, tmp_path):
             upgrade(url)
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_migration_0010p_keeps_earlier_duplicate_publishes_and_goes_down(kind, tmp_path):
+    """0010p (models.state and error, jobs.waiting_note, one model per published job): a
+    job published twice before publishing was idempotent keeps both rows (the later one's
+    source suffixed), existing models are ready, a third publish of that job is refused by
+    the unique index, and it goes back down to 0009s."""
+    from alembic import command
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import IntegrityError
+
+    from service.db.migrate import alembic_config, upgrade
+    from service.db.session import make_engine
+
+    def model(mid: str, source: str) -> str:
+        return ("INSERT INTO models (id, owner_id, name, family, size, nc, names, params, "
+                "sha256, bytes, format, source, path, created_at) VALUES "
+                f"('{mid}', 'u1', 'x', 'yolo9', 't', 2, '{{}}', 1, 'ab', 1, 'libreyolo', "
+                f"'{source}', '/m/{mid}.pt', '2026-01-01 00:00:00')")
+
+    with fresh_database(kind, tmp_path) as url:
+        command.downgrade(alembic_config(url), "0009s")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO users (id, name, is_admin, created_at) "
+                                  "VALUES ('u1', 'old', false, '2026-01-01 00:00:00')"))
+                for mid, source in (("m1", "job:j1"), ("m2", "job:j1"), ("m3", "upload"),
+                                    ("m4", "upload")):
+                    conn.execute(text(model(mid, source)))
+            upgrade(url)
+            with engine.begin() as conn:
+                rows = dict(conn.execute(text("SELECT id, source FROM models ORDER BY id")).all())
+                assert rows == {"m1": "job:j1", "m2": "job:j1#m2", "m3": "upload",
+                                "m4": "upload"}
+                assert {s for (s,) in conn.execute(text("SELECT state FROM models"))} == {"ready"}
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                conn.execute(text(model("m5", "job:j1")))
+            with engine.begin() as conn:
+                conn.execute(text(model("m6", "upload")))  # uploads may repeat
+            command.downgrade(alembic_config(url), "0009s")
+            assert "state" not in {c["name"] for c in inspect(engine).get_columns("models")}
+            assert "waiting_note" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+            upgrade(url)
+        finally:
+            engine.dispose()

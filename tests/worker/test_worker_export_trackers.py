@@ -6,6 +6,7 @@ version in MLflow's registry (slow; CPU; a real ``mlflow server``)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from testkit import ServerThread, client, make_user
@@ -61,8 +62,15 @@ def test_export_param_and_mlflow_registry_through_the_service(make_settings, db_
                 assert run.data.tags["libreyolo.user"] == user_id
                 assert "weights/best.onnx" in {a.path for a in mlc.list_artifacts(run.info.run_id, "weights")}
                 r = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "shapes-x"}, timeout=180)
-                assert r.status_code == 201, r.text
-                versions = mlc.search_model_versions("name='shapes-x'")
+                assert r.status_code == 202, r.text  # inspecting; MLflow's version follows
+                deadline = time.monotonic() + 120
+                while True:
+                    state = c.get(f"/v1/models/{r.json()['id']}").json()["state"]
+                    versions = mlc.search_model_versions("name='shapes-x'")
+                    if (state != "inspecting" and versions) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)
+                assert state == "ready"
                 assert [v.run_id for v in versions] == [run_info["run_id"]]
                 assert versions[0].tags["libreyolo.model_id"] == r.json()["id"]
         finally:

@@ -53,3 +53,33 @@ def test_the_ingester_keeps_an_earlier_attempts_history_and_refuses_what_came_af
     assert seen.refused == 1
     [note] = [r[2] for r in rows if r[0] == "log"]
     assert "refused 1 event line(s) of an earlier attempt" in note["lines"][0]
+
+
+PRINT = r'''
+import sys
+from pathlib import Path
+from libreyolo_core.engine import fence
+fence.guard_output()  # what main() does first
+print("before the fence", flush=True)
+Path(sys.argv[1]).write_text("2.new\n")  # attempt 2 raises the fence
+print("after the fence: a log line of the given-up attempt", flush=True)
+sys.stderr.write("after the fence on stderr\n")
+'''
+
+
+def test_a_given_up_engine_prints_nothing_into_the_log_after_the_fence(tmp_path):
+    """The engine's stdout and stderr go to the job's train.log (every attempt appends):
+    once a newer attempt raised the fence, the given-up engine's next print ends it
+    (exit 6) before the line is written; the log gets only the ``fenced:`` notice."""
+    fence_file, log = tmp_path / "attempt.fence", tmp_path / "train.log"
+    fence_file.write_text("1.old\n")
+    env = {"PYTHONPATH": str(REPO), "LIBREYOLO_ATTEMPT_TOKEN": "1.old",
+           "LIBREYOLO_FENCE_FILE": str(fence_file), "PATH": "/usr/bin:/bin"}
+    with open(log, "wb") as out:  # as the worker starts the engine: both streams, one file
+        rc = subprocess.run([sys.executable, "-c", PRINT, str(fence_file)], env=env,
+                            stdout=out, stderr=subprocess.STDOUT, timeout=120).returncode
+    text = log.read_text()
+    assert rc == 6, text
+    assert "before the fence" in text and "after the fence" not in text, text
+    assert "fenced: this engine runs attempt 1.old, but attempt 2.new" in text
+    assert "stdout output not written" in text
