@@ -167,7 +167,7 @@ def test_job_without_a_report_hides_the_section(web, stack, data_yaml):
 
 
 def _shots() -> Path:
-    from conftest import SHOTS
-
-    SHOTS.mkdir(exist_ok=True)
-    return SHOTS
+    # not `from conftest import SHOTS`: in the whole suite that name is another folder's conftest
+    shots = Path(__file__).resolve().parent / "screenshots"
+    shots.mkdir(exist_ok=True)
+    return shots

@@ -38,7 +38,7 @@ def test_schemathesis_finds_no_failure(tmp_path):
             proc = subprocess.run(
                 [sys.executable, "-m", "schemathesis.cli", "--config-file",
                  str(HERE / "schemathesis.toml"), "run", f"{srv.url}/openapi.json",
-                 "--header", f"Authorization: Bearer {token}", "--request-timeout", "10"],
+                 "--header", f"Authorization: Bearer {token}", "--request-timeout", "60"],
                 capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
         finally:
             srv.stop()

@@ -259,11 +259,18 @@ def fake_engine(tmp: Path) -> list[str]:
     return [sys.executable, str(path), "spec={spec}", "node={node_rank}"]
 
 
-def engine_lines(run_dir: Path) -> list[dict[str, Any]]:
+def engine_lines(run_dir: Path, settings: Any = None) -> list[dict[str, Any]]:
+    """The engine's ``events.jsonl`` lines; with ``settings``, as the API shows them (the
+    service's folders replaced by ``job:<id>`` / ``dataset:<id>``: ``public_text``)."""
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    if settings is None:
+        return lines
+    from service.storage.roots import public_text
+
+    return [json.loads(public_text(json.dumps(line), settings)) for line in lines]
 
 
 def pid_alive(pid: int) -> bool:

@@ -183,7 +183,7 @@ def test_two_node_slurm_job_trains_like_two_local_ranks(stack, data):
     assert got["end_class"] is None
     assert [e["world_size"] for e in multi if e["event"] == "run_start"] == [2]
     assert "epoch 2/2" in logs, logs[-3000:]  # global rank 0 logs on node 0: the job's log
-    assert multi == engine_lines(stack.slurm.artifact_root / on_slurm / "run")
+    assert multi == engine_lines(stack.slurm.artifact_root / on_slurm / "run", stack.slurm)
     a, b = epoch_losses(multi), epoch_losses(single)
     assert len(a) == len(b) == 2
     for x, y in zip(a, b, strict=True):

@@ -692,7 +692,8 @@ def api(db_url, tmp_path_factory):
     app = create_app(settings)
     srv = ServerThread(app).start()
     srv.app, srv.sessions = app, app.state.sessions
-    srv.data = str(write_data_yaml(home / "ds"))
+    # outside the service's home: a dataset there is the service's own storage (refused)
+    srv.data = str(write_data_yaml(tmp_path_factory.mktemp("gang-data") / "ds"))
     yield srv
     srv.stop()
 

@@ -136,7 +136,7 @@ def test_two_node_job_trains_like_two_ranks_on_one_node(stack, data, tmp_path):
     assert [e["world_size"] for e in multi if e["event"] == "run_start"] == [2]
     # global rank 0 (the rank that logs) runs on node 0, whose log is the job's log
     assert "epoch 2/2" in logs, logs[-3000:]
-    assert multi == engine_lines(stack.settings.artifact_root / two_nodes / "run")
+    assert multi == engine_lines(stack.settings.artifact_root / two_nodes / "run", stack.settings)
     got, want = epoch_losses(multi), epoch_losses(single)
     assert len(got) == len(want) == 2
     worst = max(abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(got, want, strict=True) for k in a)
@@ -201,7 +201,7 @@ def test_kill9_one_node_resumes_the_whole_job(stack, data, tmp_path, victim):
         assert job["status"] == "succeeded", (job, c.get(f"/v1/jobs/{job_id}/logs").text[-3000:])
         assert job["attempt"] == 2 and len(job["node_workers"]) == 2
         events = engine_events(c, job_id)
-    assert events == engine_lines(job_dir / "run")
+    assert events == engine_lines(job_dir / "run", stack.settings)
     assert sorted({e["epoch"] for e in events if e["event"] == "epoch_end"}) == [1, 2, 3]
     assert any(e["event"] == "run_start" and e.get("resumed_from") for e in events) or \
         (job_dir / "run" / "weights" / "last.pt").exists()

@@ -119,7 +119,7 @@ def test_kill9_worker_then_second_worker_resumes(stack, tmp_path):
     assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
     run_dir = settings.artifact_root / job_id / "run"
     engine = [e["data"] for e in evs if e["kind"] != "log" and e["data"]["event"] != "status"]
-    assert engine == engine_lines(run_dir)  # every engine line exactly once, in order
+    assert engine == engine_lines(run_dir, settings)  # every engine line exactly once, in order
     assert sorted({e["epoch"] for e in engine if e["event"] == "epoch_end"}) == [1, 2, 3, 4, 5]
     statuses = [e["data"]["status"] for e in evs if e["data"]["event"] == "status"]
     assert statuses == ["queued", "running", "queued", "running", "succeeded"]

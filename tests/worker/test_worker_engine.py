@@ -51,7 +51,7 @@ def test_real_tiny_training_succeeds_with_downloadable_artifacts(make_settings, 
             run_dir = settings.artifact_root / job_id / "run"
             engine = [e["data"] for e in evs
                       if e["kind"] != "log" and e["data"]["event"] != "status"]
-            assert engine == engine_lines(run_dir)
+            assert engine == engine_lines(run_dir, settings)
             assert [e["epoch"] for e in engine if e["event"] == "epoch_end"] == [1, 2]
             assert [e["world_size"] for e in engine if e["event"] == "run_start"] == [procs]
             arts = c.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]
