@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from testkit import ServerThread, client, make_user, write_weights
+from testkit import ServerThread, client, make_user, until_inspected, write_weights
 
 from service.db.models import Job, Model
 
@@ -233,19 +233,6 @@ def _succeeded_job_with(server, sessions, best_pt: Path) -> tuple[str, str]:
     return token, job_id
 
 
-def _until_inspected(c, model_id: str) -> dict:
-    from testkit import wait_for
-
-    got: dict = {}
-
-    def done() -> bool:
-        got.update(c.get(f"/v1/models/{model_id}").json())
-        return got["state"] != "inspecting"
-
-    wait_for(done, timeout=180, interval=0.2, what=f"model {model_id} inspected")
-    return got
-
-
 def test_publish_is_idempotent(server, sessions, weights):
     """The same job published twice makes one model (200 the second time, nothing
     inspected again); another name for it is a 409 naming the model."""
@@ -258,7 +245,7 @@ def test_publish_is_idempotent(server, sessions, weights):
         other = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "twice"})
         assert other.status_code == 409 and other.json()["model_id"] == first.json()["id"]
         assert c.post(f"/v1/jobs/{job_id}/publish", json={"name": "a\x1b[31m"}).status_code == 422
-        ready = _until_inspected(c, first.json()["id"])
+        ready = until_inspected(c, first.json()["id"])
         assert ready["state"] == "ready" and ready["family"] == "yolo9" and ready["nc"] == 2
         assert c.post(f"/v1/jobs/{job_id}/publish", json={"name": "once"}).json() == ready
     with sessions() as s:
@@ -285,7 +272,7 @@ def test_publish_answers_at_once_then_the_model_becomes_ready(server, sessions, 
             refused = c.post("/v1/jobs", json={"model": m["id"], "data": "x.yaml", "gpus": 0})
             assert refused.status_code == 422 and "inspected" in refused.json()["detail"]
             assert c.get(f"/v1/models/{m['id']}/file").status_code == 409
-        ready = _until_inspected(c, m["id"])
+        ready = until_inspected(c, m["id"])
         assert ready["state"] == "ready" and ready["family"] == "yolo9", ready
         assert ready["sha256"] == hashlib.sha256(weights["good"].read_bytes()).hexdigest()
         assert c.get(f"/v1/models/{m['id']}/file").content == weights["good"].read_bytes()
@@ -323,7 +310,7 @@ def test_concurrent_publishes_of_one_job_make_one_model(server, sessions, weight
     with sessions() as s:
         assert s.query(Model).filter_by(source=f"job:{job_id}").count() == 1
     with client(server.url, token) as c:
-        assert _until_inspected(c, answers[0].json()["id"])["state"] == "ready"
+        assert until_inspected(c, answers[0].json()["id"])["state"] == "ready"
 
 
 def test_a_published_checkpoint_the_inspector_refuses_fails_with_the_reason(server, sessions,
@@ -333,10 +320,10 @@ def test_a_published_checkpoint_the_inspector_refuses_fails_with_the_reason(serv
     token, job_id = _succeeded_job_with(server, sessions, weights["nan_weights"])
     with client(server.url, token) as c:
         m = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "bad"}, timeout=180).json()
-        failed = _until_inspected(c, m["id"])
+        failed = until_inspected(c, m["id"])
         assert failed["state"] == "failed" and "NaN" in failed["error"], failed
         assert not any(m["id"] in p.name for p in _stored_files(server.app.state.settings))
         retry = c.post(f"/v1/jobs/{job_id}/publish", json={"name": "bad"}, timeout=180)
         assert retry.status_code == 202 and retry.json()["id"] != m["id"]
         assert c.get(f"/v1/models/{m['id']}").status_code == 404
-        assert _until_inspected(c, retry.json()["id"])["state"] == "failed"
+        assert until_inspected(c, retry.json()["id"])["state"] == "failed"

@@ -154,6 +154,18 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0
         time.sleep(interval)
 
 
+def until_inspected(c: httpx.Client, model_id: str, timeout: float = 180.0) -> dict:
+    """A published model's answer once its background inspection ended (ready or failed)."""
+    got: dict = {}
+
+    def done() -> bool:
+        got.update(c.get(f"/v1/models/{model_id}").json())
+        return got["state"] != "inspecting"
+
+    wait_for(done, timeout=timeout, interval=0.2, what=f"model {model_id} inspected")
+    return got
+
+
 def write_data_yaml(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "images").mkdir(exist_ok=True)

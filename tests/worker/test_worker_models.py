@@ -12,7 +12,14 @@ import json
 import sys
 
 import pytest
-from testkit import ServerThread, client, make_user, write_data_yaml, write_weights
+from testkit import (
+    ServerThread,
+    client,
+    make_user,
+    until_inspected,
+    write_data_yaml,
+    write_weights,
+)
 
 from worker.runner import run_job
 
@@ -66,8 +73,10 @@ def test_upload_train_publish_download(api, good_weights, tmp_path):
         assert spec["model"] == str(api.settings.model_root / f"{model['id']}.pt")
 
         pub = c.post(f"/v1/jobs/{job['id']}/publish", json={"name": "shapes-ft"}, timeout=180)
-        assert pub.status_code == 201, pub.text
-        published = pub.json()
+        # 202: the service answers at once and inspects the checkpoint in the background
+        assert pub.status_code == 202 and pub.json()["state"] == "inspecting", pub.text
+        published = until_inspected(c, pub.json()["id"])
+        assert published["state"] == "ready", published
         assert published["source"] == f"job:{job['id']}" and published["name"] == "shapes-ft"
         assert published["sha256"] == sha and published["id"] != model["id"]
         assert (published["family"], published["size"], published["nc"]) == ("yolo9", "t", 2)
