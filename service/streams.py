@@ -11,7 +11,9 @@ changed, which then read their new events.
 A stream that starts waiting for a job the poller has not looked at yet makes the next
 check read the watched jobs too (an event may have come between the stream's read and
 its wait). A job whose row disappears, or a write that added no event, is caught by a
-full check of the watched jobs every ``recheck_s``. See docs/architecture.md ("Hot reads").
+full check of the watched jobs every ``recheck_s``. A check that fails (the database went
+away) wakes every waiting stream: its own read then fails and it ends cleanly, so no stream
+waits on a poller that cannot see. See docs/architecture.md ("Hot reads").
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import anyio
 from sqlalchemy import func, select
 
 from service.db.models import Job, JobEvent
+from service.outage import is_outage
 
 __all__ = ["EventNotifier"]
 
@@ -101,13 +104,31 @@ class EventNotifier:
                         jobs = list(self._waiters)
                         rows = await anyio.to_thread.run_sync(self._states, jobs)
                         self._wake(jobs, rows)
-                except Exception:  # a database hiccup: streams keep waiting, next poll retries
-                    log.exception("SSE notifier: poll failed; retrying")
+                except Exception as exc:
+                    # the poller is blind: a stream left waiting would wait for as long as
+                    # the database is away (pings keep its connection open). Every waiting
+                    # stream reads its job once more; in an outage that read fails and the
+                    # stream ends cleanly (the client resumes with Last-Event-ID), after a
+                    # hiccup it gets what is new and waits again.
+                    if is_outage(exc):
+                        log.warning("SSE notifier: the database is unavailable (%s); waking "
+                                    "%d waiting streams", type(exc).__name__,
+                                    sum(len(w) for w in self._waiters.values()))
+                    else:
+                        log.exception("SSE notifier: poll failed; waking the waiting streams")
+                    self._wake_all()
         finally:
             self.running = False
-            for waiters in list(self._waiters.values()):
-                for waiter in list(waiters):
-                    waiter.wake()
+            self._wake_all()
+
+    def waiting(self, job_id: str) -> int:
+        """How many streams of this process wait for an event of job ``job_id``."""
+        return len(self._waiters.get(job_id, ()))
+
+    def _wake_all(self) -> None:
+        for waiters in list(self._waiters.values()):
+            for waiter in list(waiters):
+                waiter.wake()
 
     def _mark(self) -> int:
         with self.sessions() as session:

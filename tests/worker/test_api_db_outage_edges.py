@@ -48,8 +48,6 @@ def test_token_lookup_in_the_guard_during_an_outage_is_503(make_settings, privat
         srv.stop()
 
 
-@pytest.mark.skip(reason="hangs on main since the merge of the containment, Slurm and faults "
-                  "branches (passed on the faults2 branch alone); not yet diagnosed")
 def test_event_stream_ends_cleanly_when_the_database_goes_and_the_sdk_resumes(
         make_settings, private_pg):
     from libreyolo_client import Client
@@ -71,7 +69,13 @@ def test_event_stream_ends_cleanly_when_the_database_goes_and_the_sdk_resumes(
                 append_events(s, job_id, [("log", time.time(), {"line": f"line {i}"}) for i in range(n)])
                 s.commit()
 
-        # 1. the raw stream: the database goes away while it is open -> it ends, no cut chunk
+        notifier = app.state.notifier
+
+        def stream_waits() -> bool:  # sent every event, waits on the notifier for the next
+            return notifier.waiting(job_id) > 0
+
+        # 1. the raw stream: the database goes away while it is open and waiting for the
+        # next event (where a stream spends its time) -> it ends, no cut chunk
         add(2)
         seen: list[str] = []
         with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {token}"},
@@ -81,9 +85,10 @@ def test_event_stream_ends_cleanly_when_the_database_goes_and_the_sdk_resumes(
             for line in r.iter_lines():  # a cut chunk raises RemoteProtocolError here
                 if line.startswith("id:"):
                     seen.append(line[3:].strip())
-                    if len(seen) == 2:
+                    if len(seen) == 3:
+                        wait_for(stream_waits, timeout=10, what="the stream to wait")
                         private_pg.stop("immediate")
-        assert len(seen) >= 2
+        assert seen == ["1", "2", "3"], seen
         private_pg.start()
         # 2. the SDK: delivered events once each, across a database outage mid-stream
         got: list[int] = []
@@ -97,6 +102,7 @@ def test_event_stream_ends_cleanly_when_the_database_goes_and_the_sdk_resumes(
         t = threading.Thread(target=follow, daemon=True)
         t.start()
         wait_for(lambda: len(got) >= 3, timeout=30, what="the first events")
+        wait_for(stream_waits, timeout=10, what="the SDK's stream to wait")
         private_pg.stop("immediate")
         private_pg.start()
         add(2)
