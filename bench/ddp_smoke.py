@@ -10,8 +10,8 @@ one itself: NCCL on ``cuda:LOCAL_RANK`` (as ``init_distributed`` does for severa
 the model converted to SyncBatchNorm and wrapped in DistributedDataParallel as the trainer
 does, one forward + loss + backward on a synthetic batch, a loss all-reduce. With one rank
 DDP's gradient average is the gradient itself, so the step's gradients must equal those of
-the same model without DDP (same seed, same batch; largest difference at most 1e-3 of the
-largest gradient). Also a broadcast of a Python object.
+the same model without DDP (same seed, same batch, TF32 off; largest difference at most 1e-3
+of the largest gradient). Also a broadcast of a Python object.
 
 Prints one JSON line: ``{"ok", "backend", "nccl_version", "device", "loss", "max_grad_diff",
 "seconds"}``. Exit codes: 0 ok; 1 a difference or an error (the line says which); 2 no CUDA.
@@ -39,6 +39,10 @@ def main() -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
+    # True fp32 for the comparison: with TF32 convolutions (cuDNN's default) the same step's
+    # gradients differed by 1.7e-3 of the largest between the DDP and the plain model on an
+    # H200 (2026-12-04), 0.0 without; TF32's rounding, not DDP, made the difference.
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     dist.init_process_group("nccl", device_id=device)
     out: dict = {"backend": dist.get_backend(), "world_size": dist.get_world_size(),
                  "device": torch.cuda.get_device_name(device),

@@ -236,6 +236,26 @@ class NonFiniteGuard(HookBase):
                 st.amp_skipped, scaler.get_scale())
         return True
 
+    def scaler_calibrating(self) -> bool:
+        """fp16 AMP: whether an epoch whose every optimizer step the GradScaler skipped is
+        the scaler still finding its scale, not a diverged run; if so, say it in one line.
+
+        The scaler starts at 2**16 and halves at each skipped step. At that scale fp16
+        weight gradients of a freshly initialised YOLO overflow (any |gradient| above
+        65504 / 2**16 = 1), so the first several optimizer steps are skipped; with
+        gradient accumulation and a small set (coco128 at batch 16: 2 optimizer steps an
+        epoch) that can take whole epochs. Gradients that are still non-finite once the
+        scale is below 1 are non-finite unscaled: that run diverged (the caller raises)."""
+        scaler = self.trainer.parts.amp.scaler
+        if not scaler.is_enabled() or scaler.get_scale() < 1.0:
+            return False
+        st = self.trainer.state
+        log.warning("epoch %d: the AMP GradScaler skipped every optimizer step of the epoch "
+                    "while it finds its scale (now %g after %d skipped step(s); it halves at each): "
+                    "training goes on. amp_dtype=bfloat16 needs no scaler", st.epoch + 1,
+                    scaler.get_scale(), st.amp_skipped)
+        return True
+
     def after_step(self, finite: bool) -> None:
         st = self.trainer.state
         if not finite and st.nonfinite_streak >= MAX_NONFINITE_STREAK:
@@ -246,6 +266,8 @@ class NonFiniteGuard(HookBase):
     def after_train_epoch(self) -> None:
         t, m = self.trainer, self.trainer.meter
         if m.steps and t.state.steps_applied == self.applied_before and not t.stopping():
+            if m.counted and self.scaler_calibrating():
+                return
             why = (f"every loss was non-finite, the first at {self.first_bad}" if not m.counted else
                    "every step had non-finite gradients (skipped by the AMP GradScaler or the fp32 check)")
             raise NonFiniteLossError(f"epoch {t.state.epoch + 1}: no optimizer step was taken in {m.steps} "

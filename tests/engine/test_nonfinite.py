@@ -149,3 +149,49 @@ def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp):
     assert seen["updates"] == [3, 6]  # 8 steps, 2 skipped by the scaler
     ckpt = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")
     assert nonfinite_tensors({k: ckpt[k] for k in ("model", "train_model", "optimizer")}) == []
+
+
+def _fp16_like_scaler(init_scale: float, overflow_above: float | None):
+    """on_train_start callback: an enabled GradScaler (the CPU's stands in for CUDA's fp16
+    one) and a gradient hook that turns the first Conv2d's weight gradient into inf while
+    the scale is above ``overflow_above`` (every step if None): what fp16 weight gradients
+    do while the scaler's scale is too large for them."""
+
+    def install(trainer):
+        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+        trainer.parts.amp.scaler = scaler
+        conv = next(m for m in trainer.parts.model.modules() if isinstance(m, nn.Conv2d))
+
+        def hook(grad):
+            if overflow_above is None or scaler.get_scale() > overflow_above:
+                return grad * float("inf")
+            return grad
+
+        conv.weight.register_hook(hook)
+
+    return install
+
+
+@pytest.mark.slow
+def test_an_epoch_the_fp16_scaler_spends_calibrating_is_not_a_divergence(eight_images, tmp_path,
+                                                                         caplog):
+    """The GradScaler starts at 2**16 and halves per skipped step; an epoch all of whose
+    steps it skips while finding its scale goes on with one warning (on a GPU, fp16 yolo9-t
+    on 16 images at batch 4 failed here: every step skipped, 'the run diverged')."""
+    caplog.set_level(logging.WARNING)
+    result = LibreYOLO("yolo9-t").train(
+        data=eight_images, project=tmp_path / "runs", nbs=2,
+        callbacks={"on_train_start": [_fp16_like_scaler(2.0**16, overflow_above=2.0**12)]}, **RUN)
+    assert result["amp_skipped"] == 4  # epoch 1: 2**16 .. 2**13 skipped, 2**12 fits
+    assert "skipped every optimizer step of the epoch while it finds its scale (now 4096" in caplog.text
+    ckpt = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")
+    assert ckpt["epoch"] == 1 and nonfinite_tensors({"model": ckpt["model"]}) == []
+
+
+@pytest.mark.slow
+def test_gradients_nonfinite_below_scale_one_are_a_divergence(eight_images, tmp_path):
+    with pytest.raises(NonFiniteLossError, match="no optimizer step was taken in 4 steps: every "
+                                                 "step had non-finite gradients"):
+        LibreYOLO("yolo9-t").train(
+            data=eight_images, project=tmp_path / "runs", nbs=2,
+            callbacks={"on_train_start": [_fp16_like_scaler(4.0, overflow_above=None)]}, **RUN)
