@@ -64,8 +64,8 @@ def _finite_losses(trainer) -> bool:
 
 def test_fp16_amp_trains_with_the_scaler(tiny_yaml, tmp_path):
     """The scaler starts at 2**16, where fp16 weight gradients overflow, and halves at each
-    skipped step (on an H200, 2026-12-04: the 4 steps of one epoch at nbs=batch were all
-    skipped). Three epochs of 4 optimizer steps (nbs=batch: no accumulation) give it room
+    skipped step (on an H200, 2026-12-04, one epoch of 4 micro-batches at the default nbs=64
+    had one optimizer step, skipped, and the run failed as diverged). Three epochs of 4 optimizer steps (nbs=batch: no accumulation) give it room
     to find its scale and then train."""
     dtypes: set = set()
     trainer = _train(tiny_yaml, tmp_path, "fp16", dtypes, epochs=3, nbs=4, amp=True,
