@@ -126,8 +126,10 @@ def warp(canvas: torch.Tensor, minv: torch.Tensor, out_size: int,
     src = base @ minv.float().transpose(1, 2)  # (L, S*S, 3)
     xy = src[..., :2] / src[..., 2:3]
     # pixel index -> grid_sample's [-1, 1] with align_corners=False: g = (2 x + 1) / W - 1
-    scale = torch.tensor([2.0 / w, 2.0 / h], device=dev)
-    grid = (xy * scale + scale / 2 - 1).reshape(n, out_size, out_size, 2)
+    # (Python scalars: a tensor built from a list would be a synchronising host copy)
+    gx = xy[..., 0] * (2.0 / w) + (1.0 / w - 1.0)
+    gy = xy[..., 1] * (2.0 / h) + (1.0 / h - 1.0)
+    grid = torch.stack([gx, gy], -1).reshape(n, out_size, out_size, 2)
     out = F.grid_sample(canvas - pad_value, grid, mode="bilinear", padding_mode="zeros",
                         align_corners=False)
     return out.add_(pad_value).round_().clamp_(0, 255)

@@ -253,6 +253,18 @@ def test_loader_key_is_validated() -> None:
         resolve_config(loader="gpu", mosaic_buffer=16)
 
 
+def test_cli_takes_the_loader_key(capsys) -> None:
+    """``libreyolo cfg loader=gpu`` (the parser ``train`` uses) shows it as the user's; a
+    bad value is one line naming the allowed values."""
+    from libreyolo_core.cli import run
+
+    assert run(["cfg", "loader=gpu"]) == 0
+    assert any(line.startswith("loader") and "'gpu'" in line and "[user]" in line
+               for line in capsys.readouterr().out.splitlines())
+    assert run(["cfg", "loader=tpu"]) != 0
+    assert "'cpu' or 'gpu'" in capsys.readouterr().err
+
+
 def test_gpu_loader_refuses_a_mosaic_buffer(coco) -> None:
     ds = YOLODataset(coco, 64, augment=True, aug=AugmentConfig(mosaic_buffer=8))
     with pytest.raises(ValueError, match="mosaic_buffer"):
