@@ -110,7 +110,8 @@ def warp(canvas: torch.Tensor, minv: torch.Tensor, out_size: int,
     zero padding and adding ``pad`` back: bilinear interpolation is linear).
 
     Args:
-        canvas: float32 ``(L, 3, H, W)``.
+        canvas: float32 ``(L, 3, H, W)``; consumed (``pad_value`` is subtracted in place, so
+            no second canvas-sized buffer is needed).
         minv: ``(L, 3, 3)`` inverse matrices (output pixel index -> canvas pixel index), on
             the canvas' device (:func:`inverse_matrices`).
         out_size: output side ``S``.
@@ -130,7 +131,7 @@ def warp(canvas: torch.Tensor, minv: torch.Tensor, out_size: int,
     gx = xy[..., 0] * (2.0 / w) + (1.0 / w - 1.0)
     gy = xy[..., 1] * (2.0 / h) + (1.0 / h - 1.0)
     grid = torch.stack([gx, gy], -1).reshape(n, out_size, out_size, 2)
-    out = F.grid_sample(canvas - pad_value, grid, mode="bilinear", padding_mode="zeros",
+    out = F.grid_sample(canvas.sub_(pad_value), grid, mode="bilinear", padding_mode="zeros",
                         align_corners=False)
     return out.add_(pad_value).round_().clamp_(0, 255)
 

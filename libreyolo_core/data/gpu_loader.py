@@ -119,8 +119,8 @@ class GPUAugmenter:
 
     def _say_host(self, dataset: YOLODataset, j: int, reason: str) -> None:
         if self.host_decoded == 0:
-            log.warning("loader=gpu: %s is decoded on the host (%s); every such image is "
-                        "(said once)", dataset.records[j].im_file, reason)
+            log.warning("loader=gpu: %s is decoded on the host (%s), and so is every other "
+                        "such file (said once)", dataset.records[j].im_file, reason)
         self.host_decoded += 1
 
 
