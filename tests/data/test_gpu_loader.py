@@ -143,19 +143,24 @@ def test_same_boxes_and_close_pixels_as_the_cpu_loader(coco, recipe) -> None:
         assert (batch.images[k].float() - image.float()).abs().mean() < 8.0
 
 
-def test_warp_within_one_grey_level_without_resize(coco) -> None:
+@pytest.mark.parametrize("perspective", [0.0, 0.001], ids=["affine", "perspective"])
+def test_warp_within_one_grey_level_without_resize(coco, perspective) -> None:
     """Where no tile is resized (coco128's 640-wide images at imgsz 640) and no HSV shift is
-    drawn, the one warp (mosaic placement x affine x flips) gives cv2's pixels to within one
-    grey level: the geometry is the CPU path's exactly, only the bilinear arithmetic differs
-    (float32 vs cv2's 1/32-px fixed point). Mixup blends are within one level too."""
-    aug = AugmentConfig(hsv_prob=0.0)
+    drawn, the one warp (mosaic placement x affine or perspective x flips) gives cv2's
+    pixels to within one grey level: the geometry is the CPU path's exactly, only the
+    bilinear arithmetic differs (float32 vs cv2's 1/32-px fixed point). Mixup blends are
+    within one level too; boxes are the CPU path's."""
+    aug = AugmentConfig(hsv_prob=0.0, perspective=perspective)
     ds = YOLODataset(coco, 640, augment=True, aug=aug, seed=2)
     ds.set_epoch(1)
     idx = [i for i in range(len(ds)) if max(ds.records[i].shape) == 640][:6]
     batch = gpu_batch(ds, idx)
     for k, i in enumerate(idx):
-        diff = (batch.images[k].int() - ds[i][0].int()).abs()
+        image, labels, _ = ds[i]
+        diff = (batch.images[k].int() - image.int()).abs()
         assert diff.max() <= 1 or (diff > 1).float().mean() < 1e-4, (i, diff.max())
+        np.testing.assert_allclose(batch.targets[batch.targets[:, 0] == k, 1:].numpy(), labels.numpy(),
+                                   atol=1e-4)
 
 
 # ---------------------------------------------------------------- distributions
