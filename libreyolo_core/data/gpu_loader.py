@@ -13,9 +13,11 @@ Pipeline of one batch (:class:`GPULoader`):
 3. a :class:`~libreyolo_core.data.loader.Batch` with uint8 images ``(B, 3, S, S)`` and the
    targets already on the device, as the trainer consumes it.
 
-On CUDA the device work runs on a side stream that the consumer's stream then waits on,
-so a synchronising call inside the loader (a decode, a copy) never waits for the training
-step queued before it. Files nvjpeg should not decode (grey, CMYK, PNG, truncated or
+Step 2 runs in a background thread, one batch ahead (``prefetch=1``), so the training
+step waits for the loader only when it falls behind; on CUDA its work goes to a side
+stream that the consumer's stream then waits on (an event per batch), so a synchronising
+call inside the loader (a decode, a copy) never waits for the training step queued before
+it. Files nvjpeg should not decode (grey, CMYK, PNG, truncated or
 EXIF-rotated JPEGs) are decoded on the host by the CPU path's decoder (said once).
 """
 
@@ -24,10 +26,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import queue
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torch.utils.data import DataLoader, DistributedSampler
 
 from libreyolo_core.data import gpu_augment as G
@@ -129,36 +135,106 @@ class GPULoader:
     :class:`EncodedDataset` plus a :class:`GPUAugmenter`. Has what the trainer reads of a
     loader: ``len()``, ``sampler`` (``set_epoch``), ``num_workers``, ``batch_size``,
     ``dataset`` (the wrapped :class:`YOLODataset`).
+
+    Args:
+        prefetch: batches rendered ahead by a background thread (on CUDA, on a side stream)
+            while the consumer works on the current one; 0 renders each batch inside
+            ``next()``. The consumer waits (the profiler's ``dataload``) only when the
+            loader falls behind; the thread's work is labelled ``loader/gpu_augment`` in a
+            torch.profiler trace.
     """
 
-    def __init__(self, loader: DataLoader, dataset: YOLODataset, augmenter: GPUAugmenter) -> None:
+    def __init__(self, loader: DataLoader, dataset: YOLODataset, augmenter: GPUAugmenter,
+                 prefetch: int = 1) -> None:
+        if prefetch < 0:
+            raise ValueError(f"prefetch={prefetch} must be >= 0")
         self.loader, self.dataset, self.augmenter = loader, dataset, augmenter
         self.sampler = loader.sampler
         self.num_workers = loader.num_workers
         self.batch_size = loader.batch_size
         self.device = augmenter.device
+        self.prefetch = int(prefetch)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Batch]:
-        cuda = self.device.type == "cuda"
-        side = torch.cuda.Stream(self.device) if cuda else None
-        for eb in self.loader:
-            ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-            with ctx, torch.no_grad():
-                batch = self.augmenter(eb, self.dataset)
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self.prefetch == 0:
+            for eb in self.loader:
+                batch, event = self._render(eb, side)
+                yield self._hand_over(batch, event, side)
+            return
+        yield from self._prefetched(side)
+
+    def _render(self, eb: EncodedBatch, side: Any) -> tuple[Batch, Any]:
+        """Render one batch (on ``side`` when given); returns it and an event recorded
+        after its last kernel (None on the CPU)."""
+        ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+        with ctx, torch.no_grad(), record_function("loader/gpu_augment"):
+            batch = self.augmenter(eb, self.dataset)
+            event = None
             if side is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_stream(side)
-                batch.images.record_stream(current)
-                batch.targets.record_stream(current)
-            yield batch
+                event = torch.cuda.Event()
+                event.record(side)
+        return batch, event
+
+    def _hand_over(self, batch: Batch, event: Any, side: Any) -> Batch:
+        """Make the consumer's stream wait for the batch, and keep its memory alive for it."""
+        if side is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            batch.images.record_stream(current)
+            batch.targets.record_stream(current)
+        return batch
+
+    def _prefetched(self, side: Any) -> Iterator[Batch]:
+        """Batches rendered by a background thread, ``prefetch`` ahead. Closing the
+        generator (a loop that breaks) stops the thread and waits for it, so the next
+        epoch's iterator never shares the worker loader with it."""
+        q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for eb in self.loader:
+                    if not put(("batch", self._render(eb, side))):
+                        return
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+                put(("error", exc))
+                return
+            put(("end", None))
+
+        thread = threading.Thread(target=produce, name="gpu-loader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, item = q.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                batch, event = item
+                yield self._hand_over(batch, event, side)
+        finally:
+            stop.set()
+            thread.join(timeout=120)
+            if thread.is_alive():
+                log.warning("loader=gpu: the prefetch thread did not stop within 120 s")
 
 
 def build_gpu_dataloader(dataset: YOLODataset, batch_size: int, workers: int, device: torch.device | str,
                          seed: int = 0, rank: int = 0, world_size: int = 1,
-                         drop_last: bool = False) -> GPULoader:
+                         drop_last: bool = False, prefetch: int = 1) -> GPULoader:
     """The ``loader=gpu`` training loader for one rank (same sampler, seeding and epoch
     protocol as :func:`~libreyolo_core.data.loader.build_dataloader`, shuffled).
 
@@ -167,6 +243,7 @@ def build_gpu_dataloader(dataset: YOLODataset, batch_size: int, workers: int, de
         batch_size: images per batch on this rank. workers: file-reading worker processes
             (clamped to the usable CPUs; 0 reads in this process).
         device: where decoding and augmentation run (the training device).
+        prefetch: batches rendered ahead in a background thread (:class:`GPULoader`).
 
     Raises:
         ValueError: a non-augmenting dataset, a mosaic buffer, ``batch_size < 1``,
@@ -189,4 +266,4 @@ def build_gpu_dataloader(dataset: YOLODataset, batch_size: int, workers: int, de
                             persistent_workers=workers > 0,
                             worker_init_fn=functools.partial(seed_worker, seed=seed, rank=rank),
                             generator=generator)
-    return GPULoader(loader, dataset, GPUAugmenter(dataset.imgsz, device))
+    return GPULoader(loader, dataset, GPUAugmenter(dataset.imgsz, device), prefetch=prefetch)

@@ -386,8 +386,9 @@ class TrainingProfiler:
         """Yield ``loader``'s batches, timing each blocking ``next()`` as ``step/dataload``.
 
         In the synced half the device is synchronised before and after ``next()`` (as around
-        every phase), so device work the loader queues (``loader=gpu``: decode and augmentation)
-        counts as data loading there; the unsynced half times what the step waits for.
+        every phase), so device work the loader has queued (``loader=gpu``: decode and
+        augmentation) counts as data loading there, not as the next phase's; the unsynced
+        half times what the step waits for.
         Once the window is over the generator passes batches straight through.
         """
         it = iter(loader)

@@ -276,6 +276,30 @@ def test_gpu_loader_refuses_a_mosaic_buffer(coco) -> None:
         build_gpu_dataloader(ds, 4, 0, CPU)
 
 
+def test_prefetch_thread_gives_the_same_batches_and_stops(tmp_path) -> None:
+    """The background thread (prefetch=1) yields what rendering inside ``next()`` yields
+    (same order, same pixels, same boxes); a loop that breaks early stops the thread."""
+    import threading
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "ds", n_train=32, n_val=1, imgsz=96, seed=2)
+    ds = YOLODataset(scan_split(load_data_config(yaml_path), "train"), 64, augment=True,
+                     aug=RECIPES["base"], seed=4)
+    ds.set_epoch(0)
+    loaders = [build_gpu_dataloader(ds, 8, 1, CPU, prefetch=p, drop_last=True) for p in (0, 1)]
+    for loader in loaders:
+        loader.sampler.set_epoch(0)
+    inline, ahead = list(loaders[0]), list(loaders[1])
+    assert len(inline) == len(ahead) == len(ds) // 8
+    for a, b in zip(inline, ahead, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+        assert a.metas == b.metas
+    for _ in loaders[1]:
+        break
+    assert not any(t.name == "gpu-loader" for t in threading.enumerate())
+
+
 # ---------------------------------------------------------------- real training
 @pytest.fixture
 def tiny_yaml(tmp_path):
