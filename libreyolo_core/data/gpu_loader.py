@@ -17,8 +17,8 @@ Step 2 runs in a background thread, one batch ahead (``prefetch=1``), so the tra
 step waits for the loader only when it falls behind; on CUDA its work goes to a side
 stream that the consumer's stream then waits on (an event per batch), so a synchronising
 call inside the loader (a decode, a copy) never waits for the training step queued before
-it. Files nvjpeg should not decode (grey, CMYK, PNG, truncated or
-EXIF-rotated JPEGs) are decoded on the host by the CPU path's decoder (said once).
+it. Files nvjpeg should not decode (grey, CMYK or RGB-coded JPEGs, PNG,
+truncated or EXIF-rotated JPEGs) are decoded on the host by the CPU path's decoder (said once).
 """
 
 from __future__ import annotations

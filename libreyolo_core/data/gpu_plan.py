@@ -23,8 +23,8 @@ Pixels travel as:
 - ``("jpeg", uint8 (nbytes,))``: the encoded file, for a complete 3-component JPEG whose
   stored size is the scanned size and which carries no EXIF rotation; decoded on the device;
 - ``("pixels", uint8 (h, w, 3))``: decoded and resized on the host by the CPU path's decoder
-  (grey or CMYK JPEGs, PNG and other formats, truncated files, EXIF-rotated JPEGs) or read
-  from the image cache (``cache=ram|disk``).
+  (grey or CMYK JPEGs, RGB-coded JPEGs, PNG and other formats, truncated files, EXIF-rotated
+  JPEGs) or read from the image cache (``cache=ram|disk``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ __all__ = ["EncodedBatch", "EncodedDataset", "Layer", "SamplePlan", "collate_enc
 
 #: Reasons a tile is decoded on the host (the loader says so once).
 HOST_REASONS = ("not a 3-component JPEG", "truncated JPEG", "EXIF orientation",
-                "stored size differs from the scanned size", "unreadable file")
+                "stored size differs from the scanned size", "unreadable file",
+                "RGB-coded JPEG (Adobe transform 0)")
 
 _EXIF_ORIENTATION_TAG = 0x0112
 
@@ -199,6 +200,18 @@ def _exif_orientation(buf: np.ndarray) -> int:
         return 1
 
 
+def _adobe_rgb(buf: np.ndarray) -> bool:
+    """Whether an Adobe APP14 segment says the 3 components are RGB, not YCbCr (transform
+    0): libjpeg honours it, nvjpeg would convert them as YCbCr."""
+    head = buf[:65536].tobytes()
+    k = head.find(b"Adobe")
+    while k >= 4:
+        if head[k - 4:k - 2] == b"\xff\xee" and k + 11 < len(head):
+            return head[k + 11] == 0
+        k = head.find(b"Adobe", k + 1)
+    return False
+
+
 def device_decodable(buf: np.ndarray, shape: tuple[int, int]) -> str | None:
     """None when ``buf`` can be decoded on the device (nvjpeg), else the reason it cannot
     (one of :data:`HOST_REASONS`). ``shape`` is the scanned ``(h, w)`` (after EXIF)."""
@@ -211,6 +224,8 @@ def device_decodable(buf: np.ndarray, shape: tuple[int, int]) -> str | None:
         return HOST_REASONS[2]
     if (frame[0], frame[1]) != tuple(shape):
         return HOST_REASONS[3]
+    if _adobe_rgb(buf):
+        return HOST_REASONS[5]
     return None
 
 

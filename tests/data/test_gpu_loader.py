@@ -220,7 +220,7 @@ def test_a_lost_hsv_shift_is_detected(coco) -> None:
 
 
 # ---------------------------------------------------------------- host fallback
-def test_png_grey_and_cmyk_are_decoded_on_the_host_said_once(tmp_path, caplog) -> None:
+def test_png_grey_cmyk_and_rgb_coded_are_decoded_on_the_host_said_once(tmp_path, caplog) -> None:
     """Files nvjpeg should not decode go through the CPU path's decoder: with an identity
     recipe (letterbox only) the sample is the CPU loader's exactly; one warning for all."""
     root = tmp_path / "ds"
@@ -231,8 +231,13 @@ def test_png_grey_and_cmyk_are_decoded_on_the_host_said_once(tmp_path, caplog) -
     Image.fromarray(rgb).save(root / "images" / "a.png")
     Image.fromarray(rgb[..., 0]).save(root / "images" / "b.jpg")
     Image.fromarray(rgb).convert("CMYK").save(root / "images" / "c.jpg")
-    Image.fromarray(rgb).save(root / "images" / "d.jpg")
-    for stem in "abcd":
+    plain = root / "images" / "e.jpg"
+    Image.fromarray(rgb).save(plain)
+    # an Adobe APP14 segment with transform 0: the three components are RGB, not YCbCr
+    raw = plain.read_bytes()
+    (root / "images" / "d.jpg").write_bytes(raw[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+                                            + raw[2:])
+    for stem in "abcde":
         (root / "labels" / f"{stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
     (root / "data.yaml").write_text("path: .\ntrain: images\nnames: [x]\n")
     identity = AugmentConfig(mosaic=0.0, mixup=0.0, hsv_prob=0.0, fliplr=0.0, flipud=0.0)
@@ -240,12 +245,12 @@ def test_png_grey_and_cmyk_are_decoded_on_the_host_said_once(tmp_path, caplog) -
                      aug=identity)
     augmenter = GPUAugmenter(64, CPU)
     with caplog.at_level(logging.WARNING, logger="libreyolo_core.data.gpu_loader"):
-        batch = gpu_batch(ds, [0, 1, 2, 3], augmenter)
+        batch = gpu_batch(ds, [0, 1, 2, 3, 4], augmenter)
     said = [r for r in caplog.records if "decoded on the host" in r.getMessage()]
-    assert len(said) == 1 and augmenter.host_decoded == 3
-    for k in range(3):  # host decoded: the CPU loader's pixels exactly
+    assert len(said) == 1 and augmenter.host_decoded == 4
+    for k in range(4):  # host decoded (PNG, grey, CMYK, RGB-coded): the CPU loader's pixels
         assert torch.equal(batch.images[k], ds[k][0])
-    assert (batch.images[3].float() - ds[3][0].float()).abs().mean() < 2.0  # device decode
+    assert (batch.images[4].float() - ds[4][0].float()).abs().mean() < 2.0  # device decode
 
 
 # ---------------------------------------------------------------- refusals and config
