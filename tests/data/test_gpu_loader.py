@@ -164,6 +164,7 @@ def test_warp_within_one_grey_level_without_resize(coco, perspective) -> None:
 
 
 # ---------------------------------------------------------------- distributions
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["base", "yolo9"])
 def test_distribution_matches_the_cpu_loader(coco, recipe) -> None:
     """The statistics of test_data_distribution.py (boxes per image, box sizes and centres,
@@ -313,6 +314,7 @@ def tiny_yaml(tmp_path):
     return generate_sample_dataset(tmp_path / "ds", n_train=8, n_val=2, imgsz=64, seed=1)
 
 
+@pytest.mark.slow
 def test_training_with_loader_gpu_on_cpu(tiny_yaml, tmp_path) -> None:
     """A real run (yolo9-t, imgsz 64, 1 epoch, 2 loader workers) through the GPU loader on
     CPU tensors ends with finite losses; the profile window of a second run times the
