@@ -206,7 +206,7 @@ class GPULoader:
 
         def produce() -> None:
             try:
-                for eb in self.loader:
+                for eb in batches:
                     if not put(("batch", self._render(eb, side))):
                         return
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
@@ -214,6 +214,8 @@ class GPULoader:
                 return
             put(("end", None))
 
+        # the worker processes fork here, in the consumer's thread, not in the producer
+        batches = iter(self.loader)
         thread = threading.Thread(target=produce, name="gpu-loader", daemon=True)
         thread.start()
         try:
