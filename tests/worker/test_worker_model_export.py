@@ -11,6 +11,7 @@ real export of a yolo9-t (about 30 s on two CPU cores).
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import numpy as np
@@ -55,6 +56,15 @@ def _onnx_runs(path, nc: int) -> None:
     image = np.random.default_rng(0).integers(0, 256, size=shape, dtype=np.uint8)
     decoded = sess.run(None, {sess.get_inputs()[0].name: image})[0]
     assert decoded.shape[:2] == (1, 4 + nc) and np.isfinite(decoded).all()
+
+
+async def _async_export_and_download(url: str, token: str, model_id: str, folder):
+    from libreyolo_client import AsyncClient
+
+    folder.mkdir()
+    async with AsyncClient(url, token=token) as sdk:
+        model = await (await sdk.model(model_id)).export("onnx")
+        return model, await model.download(folder, format="onnx")
 
 
 def test_export_is_idempotent_fails_with_the_reason_and_retries(make_settings, db_url,
@@ -143,6 +153,10 @@ def test_export_is_idempotent_fails_with_the_reason_and_retries(make_settings, d
             onnx_file = tmp_path / "shapes.onnx"
             onnx_file.write_bytes(got.content)
             _onnx_runs(onnx_file, nc=2)
+            # the async SDK: `await model.export("onnx")` (ready: at once) and the download
+            again_model, via_async = asyncio.run(_async_export_and_download(
+                srv.url, token, mid, tmp_path / "async"))
+            assert again_model.onnx.info == info and via_async.read_bytes() == got.content
             # the .pt download is unchanged
             pt = c.get(f"/v1/models/{mid}/file")
             assert pt.status_code == 200 and pt.content == good
