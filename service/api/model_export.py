@@ -11,10 +11,12 @@ engine's export on the stored ``.pt`` (checked by onnxruntime, :mod:`worker.mode
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from datetime import datetime, timedelta
+from typing import Annotated, Literal, cast
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import update
+from sqlalchemy import CursorResult, update
+from sqlalchemy.orm import Session
 
 from service.api.deps import CurrentUser, SessionDep, SettingsDep
 from service.api.model_refs import READY, visible
@@ -37,6 +39,25 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
+def _send(request: Request, session: Session, model: Model, queue: str | None,
+          asked: datetime) -> None:
+    """Send the export message of request ``asked``; a broker that does not answer fails
+    that request on the model (exporting again retries)."""
+    try:
+        enqueue_export(request.app.state.celery, model.id, queue or "cpu")
+    except Exception:  # the broker is down: said on the model
+        log.exception("model %s: the export could not be sent to a worker", model.id)
+        session.execute(update(Model).where(Model.id == model.id,
+                                            Model.onnx_state == EXPORTING,
+                                            Model.onnx_started_at.is_(None),
+                                            Model.onnx_requested_at == asked).values(
+            onnx_state=EXPORT_FAILED,
+            onnx_error="the export could not be sent to a worker (the broker did not answer); "
+            "export again to retry"))
+        session.commit()
+        session.refresh(model)
+
+
 @router.post(
     "/{model_id}/export", status_code=202, response_model=ModelPublic,
     operation_id="models-export",
@@ -56,7 +77,9 @@ def export_model(
     ``GET /v1/models/{id}/file?format=onnx``) or ``failed``.
 
     Idempotent: ``ready`` answers 200 and exports nothing; ``exporting`` answers 202 and
-    sends nothing more; ``none`` or ``failed`` records a new request and sends it (202).
+    sends nothing more (unless no worker took it for ``resend_after_s``: its message is
+    sent again, the worker runs it once); ``none`` or ``failed`` records a new request and
+    sends it (202; of concurrent requests one records and sends).
     When no live worker serves a queue the answer carries a ``warnings`` entry (the export
     waits until a worker starts).
 
@@ -73,26 +96,25 @@ def export_model(
     live = live_queues(session, settings.worker_ttl_s)
     queue = export_queue(live)
     warnings: list[str] = []
-    if status["state"] in (EXPORT_READY, EXPORTING):
-        response.status_code = 200 if status["state"] == EXPORT_READY else 202
+    if status["state"] == EXPORT_READY:
+        response.status_code = 200
+    elif status["state"] == EXPORTING:
+        if model.onnx_started_at is None and model.onnx_requested_at is not None and \
+                utcnow() - model.onnx_requested_at > timedelta(seconds=settings.resend_after_s):
+            # no worker took it for resend_after_s: its message may be lost (a broker
+            # restart); another one is harmless (the worker's claim runs it once)
+            _send(request, session, model, queue, model.onnx_requested_at)
     else:
         asked = utcnow()
-        session.execute(update(Model).where(Model.id == model.id).values(
-            onnx_state=EXPORTING, onnx_error=None, onnx_info=None, onnx_requested_at=asked,
-            onnx_started_at=None))
+        won = cast(CursorResult, session.execute(
+            update(Model).where(Model.id == model.id,
+                                Model.onnx_requested_at == model.onnx_requested_at)
+            .values(onnx_state=EXPORTING, onnx_error=None, onnx_info=None,
+                    onnx_requested_at=asked, onnx_started_at=None))).rowcount
         session.commit()
         session.refresh(model)
-        try:
-            enqueue_export(request.app.state.celery, model.id, queue or "cpu")
-        except Exception:  # the broker is down: said on the model; exporting again retries
-            log.exception("model %s: the export could not be sent to a worker", model.id)
-            session.execute(update(Model).where(Model.id == model.id,
-                                                Model.onnx_requested_at == asked).values(
-                onnx_state=EXPORT_FAILED,
-                onnx_error="the export could not be sent to a worker (the broker did not "
-                "answer); export again to retry"))
-            session.commit()
-            session.refresh(model)
+        if won:  # else a concurrent request recorded (and sent) it first
+            _send(request, session, model, queue, asked)
     if status["state"] != EXPORT_READY and queue is None:
         served = sorted(live)
         now = f"online workers serve {', '.join(served)}" if served else "no worker is online"

@@ -6,7 +6,8 @@ The first test calls the worker's task body directly (the API's messages are rea
 in-memory broker: one per export actually asked for), on SQLite and PostgreSQL; the second
 runs a real Celery worker process on the embedded SQLite broker and drives it with the
 SDK (``model.export("onnx")``, ``model.download(format="onnx")``). Slow: each makes one
-real export of a yolo9-t (about 30 s on two CPU cores).
+real export of a yolo9-t (about 30 s on two CPU cores). The last test (no export run)
+covers a lost message and a worker that died mid-export.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import numpy as np
 import pytest
 from test_worker_celery import start_worker, stop_worker
 from testkit import ServerThread, client, make_user, write_weights
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +66,7 @@ async def _async_export_and_download(url: str, token: str, model_id: str, folder
         return model, await model.download(folder, format="onnx")
 
 
+@pytest.mark.slow
 def test_export_is_idempotent_fails_with_the_reason_and_retries(make_settings, db_url,
                                                                  weights, tmp_path):
     pytest.importorskip("onnxruntime")
@@ -169,6 +169,7 @@ def test_export_is_idempotent_fails_with_the_reason_and_retries(make_settings, d
         srv.stop()
 
 
+@pytest.mark.slow
 def test_sdk_export_on_a_real_celery_worker(make_settings, sqlite_url, weights, tmp_path):
     """A real worker process (``python -m worker --cpu``) on the embedded SQLite broker
     takes the export message; the SDK waits for it, downloads the ``.onnx`` (sha256
@@ -203,4 +204,59 @@ def test_sdk_export_on_a_real_celery_worker(make_settings, sqlite_url, weights, 
     finally:
         if worker is not None:
             stop_worker(worker)
+        srv.stop()
+
+
+def test_a_lost_message_is_resent_and_a_dead_workers_export_is_retried(make_settings, db_url,
+                                                                      weights):
+    """An export no worker took for ``resend_after_s`` is sent again when asked again (the
+    worker's claim still runs it once); one a worker started and never finished reads as
+    failed after ``export_timeout_s`` + 60 s, and asking again makes a new request."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from service.app import create_app
+    from service.db.models import Model, utcnow
+    from worker.model_export import export_model
+
+    settings = make_settings(db_url, engine_command=None, resend_after_s=30,
+                             export_timeout_s=100)
+    app = create_app(settings)
+    srv = ServerThread(app).start()
+    sessions = app.state.sessions
+    try:
+        _, token = make_user(sessions)
+        _export_messages(app.state.celery)
+        with client(srv.url, token) as c:
+            mid = c.post("/v1/models", params={"name": "w"}, content=weights.read_bytes(),
+                         timeout=180).json()["id"]
+            first = c.post(f"/v1/models/{mid}/export").json()["onnx"]
+            assert _export_messages(app.state.celery) == [mid]  # ... and then lost
+            assert c.post(f"/v1/models/{mid}/export").status_code == 202
+            assert _export_messages(app.state.celery) == []  # not yet: it may be queued
+            with sessions() as s:
+                s.execute(update(Model).where(Model.id == mid).values(
+                    onnx_requested_at=utcnow() - timedelta(seconds=31)))
+                s.commit()
+            r = c.post(f"/v1/models/{mid}/export")
+            assert r.status_code == 202 and r.json()["onnx"]["state"] == "exporting"
+            assert _export_messages(app.state.celery) == [mid]
+
+            # a worker claimed it and died: it reads as failed once past its time
+            with sessions() as s:
+                s.execute(update(Model).where(Model.id == mid).values(
+                    onnx_started_at=utcnow() - timedelta(seconds=161)))
+                s.commit()
+            assert export_model(mid, settings=settings, sessions=sessions) == "skipped"
+            stale = c.get(f"/v1/models/{mid}").json()["onnx"]
+            assert stale["state"] == "failed" and "did not finish" in stale["error"]
+            r = c.post(f"/v1/models/{mid}/export")
+            assert r.status_code == 202 and r.json()["onnx"]["state"] == "exporting"
+            assert r.json()["onnx"]["requested_at"] != first["requested_at"]
+            assert _export_messages(app.state.celery) == [mid]
+            with sessions() as s:
+                row = s.get(Model, mid)
+                assert row.onnx_started_at is None  # the new request waits for a worker
+    finally:
         srv.stop()
