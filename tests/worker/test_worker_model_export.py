@@ -173,7 +173,8 @@ def test_export_is_idempotent_fails_with_the_reason_and_retries(make_settings, d
 def test_sdk_export_on_a_real_celery_worker(make_settings, sqlite_url, weights, tmp_path):
     """A real worker process (``python -m worker --cpu``) on the embedded SQLite broker
     takes the export message; the SDK waits for it, downloads the ``.onnx`` (sha256
-    checked) and onnxruntime runs it. The model page shows the download and the figure."""
+    checked) and onnxruntime runs it; the terminal's `models export|show|download --format
+    onnx` too. The model page shows the download and the figure."""
     pytest.importorskip("onnxruntime")
     from libreyolo_client import Client
     from service.app import create_app
@@ -196,6 +197,23 @@ def test_sdk_export_on_a_real_celery_worker(make_settings, sqlite_url, weights, 
             path = done.download(tmp_path / "out", format="onnx")
             assert path.name == "shapes.onnx" and path.stat().st_size == done.onnx.info["bytes"]
             _onnx_runs(path, nc=2)
+        # the terminal: models export (ready: at once), show, download --format onnx
+        from typer.testing import CliRunner
+
+        from service.cli import app as cli_app
+
+        env = {"LIBREYOLO_URL": srv.url, "LIBREYOLO_TOKEN": token}
+
+        def run(*args: str):
+            return CliRunner().invoke(cli_app, ["models", *args], env=env, catch_exceptions=False)
+
+        r = run("export", model.id)
+        assert r.exit_code == 0 and "onnx:     ready" in r.stdout and "max diff" in r.stdout, \
+            r.output
+        assert "onnx:     ready" in run("show", model.id).stdout
+        r = run("download", model.id, "--format", "onnx", "-o", f"{tmp_path / 'cli'}/")
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "cli" / "shapes.onnx").read_bytes() == path.read_bytes()
         with client(srv.url, token) as c:
             page = c.get(f"/models/{model.id}")
         assert page.status_code == 200
