@@ -159,6 +159,33 @@ def test_a_failing_compiled_backward_restores_the_gradients_for_an_eager_rerun(c
     assert "forced backward failure" in line and "this micro-batch runs again, eager" in line
 
 
+def test_close_mosaic_signal_reaches_the_runner(caplog):
+    """A network the family changed at mosaic close: the next backward of each input key is
+    guarded again (Dynamo's guards recompile the forward by themselves)."""
+    import types
+
+    from libreyolo_core.engine.hooks import MosaicSwitchHook
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    net = CompiledNetwork(_net(), backend="eager")
+    x = torch.rand(1, 3, 8, 8)
+    assert net.backward(net(x).sum()) and net._keys
+    hook = MosaicSwitchHook()
+    hook.trainer = types.SimpleNamespace(
+        parts=types.SimpleNamespace(train_set=types.SimpleNamespace(close_mosaic=lambda: None),
+                                    model=net.module, loss_fn=None, cuda_graph=None, compiled=net),
+        family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True, title="YOLOX"),
+        cfg=types.SimpleNamespace(epochs=10),
+        events=types.SimpleNamespace(write=lambda event: None),
+    )
+    hook.close(7)
+    assert not net._keys and net.state == "compiled"
+    assert _lines(caplog)[-1] == ("compile: the network changed (YOLOX changed the network at "
+                                  "mosaic close); the next step may compile again")
+    out = net(x)
+    assert net._new_key and net.backward(out.sum())
+
+
 def test_build_on_cpu_says_it_pays_only_on_a_gpu(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     assert build_compiled_network(_net(), False, torch.device("cpu")) is None
@@ -291,6 +318,48 @@ def test_a_forced_compile_failure_trains_eager_with_the_line(tiny_yaml, tmp_path
     assert Path(result["last_checkpoint"]).is_file()
 
 
+def _losses(run_dir: Path) -> list[float]:
+    rows = (run_dir / "results.csv").read_text().splitlines()
+    col = rows[0].split(",").index("train/box_loss")
+    return [float(r.split(",")[col]) for r in rows[1:]]
+
+
+def test_a_failing_compiled_backward_in_training_reruns_the_batch_eager(tiny_yaml, tmp_path, made,
+                                                                        monkeypatch, caplog):
+    """The first compiled backward fails after some gradients landed: they are undone, the
+    micro-batch runs again eager, and the epoch's losses are the eager run's."""
+    caplog.set_level(logging.INFO)
+    armed = [True]
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            if armed[0]:
+                armed[0] = False
+                weight = next(made[0].module.parameters())  # the stem: its gradient comes last
+
+                def boom(grad):
+                    handle.remove()
+                    raise RuntimeError("forced backward failure")
+
+                handle = weight.register_hook(boom)
+            return gm(*args)
+        return run
+
+    # no warm-up: the first step's gradient moves the weights the next batches see
+    eager = _train(tiny_yaml, tmp_path, "eager", warmup_epochs=0, lr0=0.1)
+    monkeypatch.setattr(compiled_mod, "BACKEND", backend)
+    result = _train(tiny_yaml, tmp_path, "fails", compile=True, warmup_epochs=0, lr0=0.1)
+    (net,) = made
+    # batch 1 compiled (its backward failed), then batch 1 again and batches 2-3 eager
+    assert net.state == "failed" and net.compiled_steps == 1 and net.eager_steps == 3
+    warned = [r.getMessage() for r in caplog.records
+              if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "forced backward failure" in warned[0]
+    assert "this micro-batch runs again, eager" in warned[0]
+    assert _losses(Path(result["save_dir"])) == pytest.approx(_losses(Path(eager["save_dir"])),
+                                                              abs=1e-5)
+
+
 def test_compile_wins_over_cuda_graph_with_one_line(tiny_yaml, tmp_path, made, monkeypatch,
                                                     caplog):
     caplog.set_level(logging.INFO)
@@ -311,3 +380,25 @@ def test_compile_wins_over_cuda_graph_with_one_line(tiny_yaml, tmp_path, made, m
 def test_module_has_no_side_effects_on_import():
     assert compiled_mod.log.name == LOGGER and not compiled_mod.log.handlers
     assert compiled_mod.BACKEND == "inductor"
+
+
+# -- the real Inductor compile (GPU only) ----------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_inductor_compiles_a_training_step_on_cuda_under_amp():
+    """The default backend (Inductor, Triton kernels) on a small network: fp16 autocast,
+    outputs and gradients as eager's within fp16 tolerance, two steps, no fallback."""
+    model, ref = _net().cuda(), _net().cuda()
+    net = CompiledNetwork(model)
+    assert net.backend == "inductor"
+    x = torch.rand(4, 3, 32, 32, device="cuda")
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.float16):
+            out, out_r = net(x), ref(x)
+            loss, loss_r = out.float().square().mean(), out_r.float().square().mean()
+        assert net.backward(loss)
+        loss_r.backward()
+        assert torch.allclose(out.float(), out_r.float(), atol=2e-2, rtol=2e-2)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=2e-2, rtol=5e-2)
+    assert net.state == "compiled" and net.compiled_steps == 2 and net.eager_steps == 0, net.reason
