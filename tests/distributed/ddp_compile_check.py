@@ -6,7 +6,10 @@ that takes minutes on a CPU). Each rank writes what its ``torch.compile`` runner
 ``OUT_DIR/rank<r>.json``: ``state``, ``compiled_steps``, ``eager_steps``, whether it
 compiled the DDP wrapper, and (rank 0) the keys of the saved checkpoint.
 
-Usage: torchrun --nproc_per_node=2 ddp_compile_check.py DATA.yaml PROJECT OUT_DIR
+With ``fail`` as a 4th argument the backend raises instead (compiling fails on every
+rank): each rank says so in one line and trains eager.
+
+Usage: torchrun --nproc_per_node=2 ddp_compile_check.py DATA.yaml PROJECT OUT_DIR [fail]
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ from libreyolo_core.engine import compiled as compiled_mod
 from libreyolo_core.engine.checkpoint import load_checkpoint
 
 
-def main(data: str, project: str, out_dir: str) -> None:
+def _raising_backend(gm, example_inputs):
+    raise RuntimeError("forced compile failure")
+
+
+def main(data: str, project: str, out_dir: str, fail: bool = False) -> None:
     runners: list[compiled_mod.CompiledNetwork] = []
     build = compiled_mod.build_compiled_network
 
@@ -34,7 +41,7 @@ def main(data: str, project: str, out_dir: str) -> None:
             runners.append(runner)
         return runner
 
-    compiled_mod.BACKEND = "eager"
+    compiled_mod.BACKEND = _raising_backend if fail else "eager"
     build_mod.build_compiled_network = recording_build
     result = LibreYOLO("yolo9-t").train(data=data, project=project, name="ddp", exist_ok=True,
                                         imgsz=64, batch=8, epochs=1, workers=0, val=False,
@@ -52,4 +59,4 @@ def main(data: str, project: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:4], fail=sys.argv[4:5] == ["fail"])
