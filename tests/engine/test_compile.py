@@ -398,7 +398,7 @@ def test_inductor_compiles_a_training_step_on_cuda_under_amp():
             loss, loss_r = out.float().square().mean(), out_r.float().square().mean()
         assert net.backward(loss)
         loss_r.backward()
-        assert torch.allclose(out.float(), out_r.float(), atol=2e-2, rtol=2e-2)
-    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        assert torch.allclose(p.grad, q.grad, atol=2e-2, rtol=5e-2)
+        assert (out.float() - out_r.float()).norm() <= 0.02 * out_r.float().norm() + 1e-3
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):  # fp16: 5 % of the norm
+        assert (p.grad - q.grad).norm() <= 0.05 * q.grad.norm() + 1e-4
     assert net.state == "compiled" and net.compiled_steps == 2 and net.eager_steps == 0, net.reason
