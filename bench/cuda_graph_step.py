@@ -36,7 +36,7 @@ import argparse
 import contextlib
 import gc
 import logging
-import math
+import statistics
 import sys
 import tempfile
 import time
@@ -63,40 +63,58 @@ def one_batch(yaml_path: Path, cfg, batch: int):
     return next(iter(loader)), len(data_cfg.names), len(ds)
 
 
-def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tuple[float, str]:
-    """Fastest step (ms) of ``steps`` after ``warmup``; returns ``(ms, note)``."""
+def measure(cfg, batch, nc: int, mode: str, warmup: int, steps: int,
+            compile_mode: str = "default", device: str = "cuda") -> dict:
+    """Time ``steps`` training steps after ``warmup`` in ``mode`` (``eager``, ``cuda_graph``
+    or ``compile``: the engine's :class:`CudaGraphManager` / :class:`CompiledNetwork`, as the
+    trainer runs them), each one synchronised. Returns ``times_ms`` (the timed steps),
+    ``first_s`` (wall seconds of the first step: capture or compile included), ``peak_gib``
+    and ``note``. ``device="cpu"`` exists for a dry run of the script's plumbing (no AMP).
+
+    Raises:
+        SystemExit: the graphed or compiled mode fell back to eager.
+    """
     import torch
 
     from libreyolo_core.engine.amp import resolve_amp
+    from libreyolo_core.engine.compiled import CompiledNetwork
     from libreyolo_core.engine.cuda_graph import CudaGraphManager
     from libreyolo_core.engine.ema import ModelEMA
     from libreyolo_core.engine.optim import build_optimizer
     from libreyolo_core.models.registry import parse_model_name
 
     family, size = parse_model_name(cfg.model)
-    device = torch.device("cuda")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     torch.manual_seed(cfg.seed)
-    model = family.build_model(size, nc).to(device).train()
+    model = family.build_model(size, nc).to(dev).train()
     loss_fn = family.build_loss(model, cfg)
-    amp = resolve_amp(True, cfg.amp_dtype, device)
+    amp = resolve_amp(True, cfg.amp_dtype, dev)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.lr0, cfg.momentum, cfg.weight_decay,
                                 cfg.nesterov)
     ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau)
-    graphs = CudaGraphManager(model) if graphed else None
-    images = batch.images.to(device)
-    targets = batch.targets.to(device)
+    graphs = CudaGraphManager(model) if mode == "cuda_graph" else None
+    compiled = CompiledNetwork(model, mode=compile_mode) if mode == "compile" else None
+    runner = graphs or compiled
+    images = batch.images.to(dev)
+    targets = batch.targets.to(dev)
 
     def step() -> None:
         imgs = family.preprocess(images)  # a new float tensor each step
         with amp.autocast(cache_enabled=graphs is None):
-            outputs = model(imgs) if graphs is None else graphs(imgs)
+            outputs = model(imgs) if runner is None else runner(imgs)
             loss, _ = loss_fn(outputs, targets, imgs.shape[0])
         del outputs
         scaled = amp.scaler.scale(loss * imgs.shape[0])
-        if graphs is None:
+        if runner is None:
             scaled.backward()
         else:
-            graphs.backward(scaled)
+            runner.backward(scaled)
         if cfg.clip_max_norm:
             amp.scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_max_norm, foreach=True)
@@ -105,25 +123,41 @@ def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tu
         optimizer.zero_grad(set_to_none=True)
         ema.update(model)
 
-    for _ in range(warmup):
+    sync()
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup - 1):
         step()
-    torch.cuda.synchronize()
-    best = math.inf
+    sync()
+    times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
     note = ""
     if graphs is not None:
         if graphs.state != "captured" or graphs.replays < steps:
             raise SystemExit(f"cuda_graph_step: the graphed mode did not replay "
                              f"(state={graphs.state}, replays={graphs.replays}): {graphs.reason}")
         note = f"{graphs.replays} replays"
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    print(f"{'cuda_graph' if graphed else 'eager'}: fastest {best * 1e3:.1f} ms, "
-          f"peak {peak:.2f} GiB {note}", file=sys.stderr)
-    return best * 1e3, note
+    if compiled is not None:
+        if compiled.state != "compiled" or compiled.eager_steps:
+            raise SystemExit(f"compile_step: the compiled mode fell back to eager "
+                             f"(state={compiled.state}): {compiled.reason}")
+        note = f"{compiled.compiled_steps} compiled steps"
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    print(f"{mode}: fastest {min(times):.1f} ms, median {statistics.median(times):.1f} ms, "
+          f"first step {first_s:.1f} s, peak {peak:.2f} GiB {note}", file=sys.stderr)
+    return {"times_ms": times, "first_s": first_s, "peak_gib": peak, "note": note}
+
+
+def step_time(cfg, batch, nc: int, graphed: bool, warmup: int, steps: int) -> tuple[float, str]:
+    """Fastest step (ms) of ``steps`` after ``warmup``; returns ``(ms, note)``."""
+    res = measure(cfg, batch, nc, "cuda_graph" if graphed else "eager", warmup, steps)
+    return min(res["times_ms"]), res["note"]
 
 
 #: Warm-up steps of the profile window: the graph is captured on the 3rd step.

@@ -7,7 +7,7 @@ on one GPU, and checks that would start past :data:`BUDGET_S` are reported as no
    its GradScaler and bf16 without one (real training steps), CUDA-graph capture vs eager
    (same loss and gradients within tolerance), accumulation and re-capture after a region
    change, the fallback to eager on a capture failure, a capturable YOLOv9 forward, pinned
-   memory batches. A skipped test counts as a failure here: on a GPU nothing should skip.
+   memory batches, an Inductor-compiled training step under AMP. A skipped test counts as a failure here: on a GPU nothing should skip.
 2. ``cuda_graph_yolo9-t`` and ``cuda_graph_yolox-t`` — ``bench/cuda_graph_step.py`` at batch
    8 with AMP: eager vs graphed step time and each mode's profiler verdict. The check
    passes when the bench prints its one result line; the speed-up and the project's goal
@@ -27,6 +27,11 @@ on one GPU, and checks that would start past :data:`BUDGET_S` are reported as no
 8. ``profile_loader_cpu`` / ``profile_loader_gpu`` — the profiler on yolo9-t, imgsz 640,
    batch 16, mosaic + mixup, one loader worker: with the CPU loader the verdict must be
    ``dataloader``; with ``loader=gpu`` it must be ``compute`` or ``host/launch``.
+9. ``compile_yolo9-t`` — ``bench/compile_step.py`` at batch 8 with AMP: the median step of
+   eager, ``compile=True`` (Inductor, mode ``default``) and ``cuda_graph=True`` in one run,
+   and the compile seconds. Passes when the compiled mode trains without falling back to
+   eager; the speed-ups are recorded (no goal). Last: its compile takes a minute or more
+   (``--only compile_yolo9-t`` runs it alone).
 
 Writes one JSON report (``--out``, default ``runs/gpu_check/gpu_check.json``: the machine,
 torch, every check with ``ok``, ``seconds`` and its figures) and prints one summary line.
@@ -64,6 +69,7 @@ BUDGET_S = 450.0
 GPU_TESTS = (
     "tests/engine/test_gpu_training.py",
     "tests/engine/test_cuda_graph.py",
+    "tests/engine/test_compile.py",
     "tests/models/test_yolo9_model.py",
     "tests/data/test_data_loader.py",
     "tests/data/test_gpu_loader.py",
@@ -172,6 +178,30 @@ def check_cuda_graph(work: Path, model: str) -> dict[str, Any]:
     return res
 
 
+def check_compile(work: Path, model: str) -> dict[str, Any]:
+    """``bench/compile_step.py --model MODEL --batch 8`` (AMP): median step ms eager,
+    ``compile=True`` and ``cuda_graph=True`` in one run, and the compile seconds. Passes when
+    the bench prints its line (the compiled mode did not fall back to eager); the speed-ups
+    are recorded, no goal is set."""
+    data = _coco128_or_sample(work)
+    cmd = [sys.executable, "bench/compile_step.py", "--model", model, "--batch", "8"]
+    if data != Path():
+        cmd += ["--data", str(data)]
+    rc, out, err = _run(cmd, timeout=420)
+    lines = [ln for ln in out.splitlines() if ln.startswith("compile_step ")]
+    res: dict[str, Any] = {"ok": rc == 0 and len(lines) == 1, "exit_code": rc,
+                           "line": lines[-1] if lines else None,
+                           "dataset": "coco128" if data == Path() else "synthetic"}
+    m = re.search(r"eager ([\d.]+) ms \| compile ([\d.]+) ms \(([\d.]+)x, compiled in ([\d.]+) s"
+                  r".*\| cuda_graph ([\d.]+) ms \(([\d.]+)x\)", lines[-1]) if lines else None
+    if m:
+        res.update(eager_ms=float(m[1]), compile_ms=float(m[2]), compile_speedup=float(m[3]),
+                   compile_s=float(m[4]), graph_ms=float(m[5]), graph_speedup=float(m[6]))
+    if not res["ok"]:
+        res["detail"] = _tail(err)
+    return res
+
+
 def check_profile(work: Path, name: str) -> dict[str, Any]:
     """One profile trial of :data:`PROFILE_CASES` ``name`` in a child process (bounded by a
     timeout); ok when its verdict is the expected one."""
@@ -262,6 +292,7 @@ def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("gpu_loader", lambda: check_gpu_loader(work)),
         ("profile_loader_cpu", lambda: check_profile(work, "loader_cpu")),
         ("profile_loader_gpu", lambda: check_profile(work, "loader_gpu")),
+        ("compile_yolo9-t", lambda: check_compile(work, "yolo9-t")),
     ]
 
 
@@ -276,6 +307,11 @@ def _summary(report: dict[str, Any]) -> str:
              for n, r in res.items() if n.startswith("cuda_graph_") and "speedup" in r]
     if speed:
         parts.append("graph speed-up " + ", ".join(speed) + " (goal >= 1.5x)")
+    comp = [f"{n.removeprefix('compile_')} {r['compile_speedup']:.2f}x (graph "
+            f"{r['graph_speedup']:.2f}x, compiled in {r['compile_s']:.0f} s)"
+            for n, r in res.items() if n.startswith("compile_") and "compile_speedup" in r]
+    if comp:
+        parts.append("compile speed-up " + ", ".join(comp))
     verdicts = [f"{n.removeprefix('profile_')} -> {r.get('verdict')}"
                 for n, r in res.items() if n.startswith("profile_") and "verdict" in r]
     if verdicts:

@@ -45,6 +45,10 @@ ALIASES: dict[str, str] = {
 }
 
 AMP_DTYPES = {"float16": "float16", "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+#: ``torch.compile`` modes (Ultralytics' ``compile`` key takes the same): ``True`` means "default".
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_COMPILE_WORDS = {"true": "default", "1": "default", "yes": "default", "false": False, "0": False,
+                  "no": False, "none": False, "": False}
 CACHE_MODES = {
     "false": False, "0": False, "no": False, "none": False, "": False,
     "true": "ram", "1": "ram", "yes": "ram", "ram": "ram", "disk": "disk",
@@ -207,6 +211,11 @@ class TrainConfig(BaseModel):
     amp: bool = Field(True, description="mixed precision on CUDA (ignored on CPU)")
     amp_dtype: Literal["float16", "bfloat16"] = Field("float16", description="autocast dtype")
     cuda_graph: bool = Field(False, description="capture forward+backward in a CUDA graph")
+    compile: Literal[False, "default", "reduce-overhead", "max-autotune",
+                     "max-autotune-no-cudagraphs"] = Field(
+        False, description="torch.compile the training network (as Ultralytics' compile): "
+        "True = 'default', or a torch.compile mode; pays on a GPU only, the first step "
+        "compiles (minutes); eager if compiling fails; wins over cuda_graph")
     sync_bn: bool = Field(False, description="SyncBatchNorm under DDP")
     # -- profiler --------------------------------------------------------------------
     profile: bool = Field(False, description="profile a window of steps, then keep training")
@@ -286,6 +295,20 @@ class TrainConfig(BaseModel):
         if key not in AMP_DTYPES:
             raise ValueError(f"must be one of {', '.join(sorted(AMP_DTYPES))}")
         return AMP_DTYPES[key]
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile(cls, v: Any) -> Any:
+        """``True``/``"true"`` -> ``"default"``; ``False``/``None``/``"false"`` -> False; a
+        mode (any case) as torch.compile spells it."""
+        if v is None or isinstance(v, bool):
+            return "default" if v else False
+        key = str(v).strip().lower()
+        if key in _COMPILE_WORDS:
+            return _COMPILE_WORDS[key]
+        if key not in COMPILE_MODES:
+            raise ValueError(f"must be true, false or a torch.compile mode: {', '.join(COMPILE_MODES)}")
+        return key
 
     @field_validator("cache", mode="before")
     @classmethod

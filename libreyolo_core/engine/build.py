@@ -2,7 +2,8 @@
 
 :func:`build_parts` turns a resolved :class:`~libreyolo_core.config.TrainConfig` (and the
 process's rank and device) into a :class:`TrainParts`: the network, its loss, the loaders,
-the optimizer and its schedule, the AMP policy, the EMA and the CUDA-graph manager. It
+the optimizer and its schedule, the AMP policy, the EMA, the CUDA-graph manager and the
+``torch.compile`` runner. It
 reads nothing from a trainer and writes no file, so a test can build the parts of a run on
 CPU and drive them without one. The order of the builds is the order the random number
 generator sees them in (the model's initial weights, then the datasets); resume depends
@@ -34,6 +35,7 @@ from libreyolo_core.distributed.context import (
     set_phase,
 )
 from libreyolo_core.engine.amp import AmpPolicy, resolve_amp
+from libreyolo_core.engine.compiled import build_compiled_network
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.freeze import freeze_modules
@@ -61,6 +63,8 @@ class TrainParts:
         loss_fn: the family's loss, ``loss_fn(outputs, targets, batch_size) -> (loss, items)``;
             ``item_names`` names ``items``.
         cuda_graph: the CUDA-graph manager, or None (eager).
+        compiled: the ``torch.compile`` runner of the network (``compile``), or None; the
+            trainer sets its ``module`` to the DDP wrapper under DDP.
         accumulate: micro-batches per optimizer step (``nbs``); ``steps_per_epoch`` optimizer
             steps of one epoch.
         optimizer, schedule: the parameter groups and the lr / momentum schedule.
@@ -86,6 +90,7 @@ class TrainParts:
     schedule: LRSchedule
     ema: ModelEMA | None
     data_summary: dict[str, Any] | None = None
+    compiled: Any = None
 
 
 def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, dist: DistContext,
@@ -128,7 +133,15 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
     loss_fn = family.build_loss(model, cfg)
     if ddp and hasattr(loss_fn, "normalizer_reduce"):
         loss_fn.normalizer_reduce = mean_normalizer(dist)
-    if ddp and cfg.cuda_graph:
+    # compile wins over cuda_graph (one line); under DDP the trainer points it at the wrapper
+    compiled = build_compiled_network(model, cfg.compile, device, announce=main)
+    if compiled is not None and cfg.cuda_graph:
+        if main:
+            log.info("cuda_graph=True ignored: compile=%s compiles the network instead (the two "
+                     "do not stack; compile='reduce-overhead' adds CUDA graphs to the compiled "
+                     "network)", compiled.mode)
+        cuda_graph = None
+    elif ddp and cfg.cuda_graph:
         if main:
             log.info("cuda_graph: not available under DDP; training eager")
         cuda_graph = None
@@ -152,7 +165,7 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
                       train_set=train_set, train_loader=train_loader, val_loader=val_loader,
                       loss_fn=loss_fn, item_names=tuple(loss_fn.item_names), cuda_graph=cuda_graph,
                       accumulate=accumulate, optimizer=optimizer, steps_per_epoch=steps_per_epoch,
-                      schedule=schedule, ema=ema,
+                      schedule=schedule, ema=ema, compiled=compiled,
                       data_summary={name: r.defect_summary() for name, r in
                                     (("train", train_report), ("val", val_report)) if r is not None})
 

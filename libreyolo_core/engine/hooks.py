@@ -176,6 +176,8 @@ class MosaicSwitchHook(HookBase):
             t.events.write(CapturedRegionChangedEvent(epoch=epoch + 1, reason="mosaic closed"))
             if parts.cuda_graph is not None:
                 parts.cuda_graph.invalidate(f"{t.family.title} changed the network at mosaic close")
+            if parts.compiled is not None:
+                parts.compiled.invalidate(f"{t.family.title} changed the network at mosaic close")
 
 
 class NonFiniteGuard(HookBase):

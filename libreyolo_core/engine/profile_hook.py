@@ -51,7 +51,7 @@ def build_profiler(cfg: Any, parts: Any, *, dist: Any, device: torch.device, tit
         meta={"model": title, "device": str(device), "batch": parts.batch, "imgsz": cfg.imgsz,
               "amp": parts.amp.enabled, "amp_dtype": parts.amp.name, "workers": parts.train_loader.num_workers,
               "loader": cfg.loader,
-              "cuda_graph": cfg.cuda_graph, "world_size": 1, "torch": torch.__version__},
+              "cuda_graph": cfg.cuda_graph, "compile": cfg.compile, "world_size": 1, "torch": torch.__version__},
     )
 
 

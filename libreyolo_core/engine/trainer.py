@@ -212,6 +212,8 @@ class Trainer:
             parts.model = DistributedDataParallel(
                 parts.model, device_ids=[self.device.index] if cuda else None,
                 output_device=self.device.index if cuda else None, find_unused_parameters=False)
+            if parts.compiled is not None:  # torch.compile(DDP(model)): PyTorch's order
+                parts.compiled.module = parts.model
         self._open_run_dir()
 
     def _load_resume(self) -> None:
@@ -354,7 +356,10 @@ class Trainer:
             imgs = self.family.preprocess(batch.images.to(self.device, non_blocking=True))
             targets = batch.targets.to(self.device, non_blocking=True)
         loss, items = self._forward(imgs, targets)
-        self._backward(loss, imgs.shape[0])
+        if not self._backward(loss, imgs.shape[0]):  # a compiled backward failed: again, eager
+            del loss, items
+            loss, items = self._forward(imgs, targets)
+            self._backward(loss, imgs.shape[0])
         values = self._step_values(loss, items)
         del loss
         if not self.guard.loss_finite(values):
@@ -370,15 +375,16 @@ class Trainer:
 
     def _forward(self, imgs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Network and loss under autocast. With a CUDA-graph manager the network replays
-        (or runs eager for other shapes); the loss is always eager. Graph capture needs
-        autocast's cast cache off. No output outlives the call (a live autograd graph
-        breaks a capture)."""
+        (or runs eager for other shapes); with ``compile`` it runs compiled (or eager after
+        a failure); the loss is always eager. Graph capture needs autocast's cast cache
+        off. No output outlives the call (a live autograd graph breaks a capture)."""
         parts, graphs = self.parts, self.parts.cuda_graph
+        net = graphs or parts.compiled or parts.model
         with self.phase("forward"), parts.amp.autocast(cache_enabled=graphs is None):
-            outputs = parts.model(imgs) if graphs is None else graphs(imgs)
+            outputs = net(imgs)
             return parts.loss_fn(outputs, targets, imgs.shape[0])
 
-    def _backward(self, loss: torch.Tensor, images: int) -> None:
+    def _backward(self, loss: torch.Tensor, images: int) -> bool:
         """Back-propagate ``loss`` scaled by the fp16 scaler and by the micro-batch.
 
         Summed over the images of the micro-batch (Ultralytics' and YOLOv9's trainers do the
@@ -388,15 +394,21 @@ class Trainer:
         positive count / world_size and DDP averages gradients, so the factor is the
         GLOBAL micro-batch (or 1): the gradient is then the one a single process with the
         whole global batch computes.
+
+        Returns False when a compiled backward failed and left the gradients as they were:
+        the micro-batch must run again (eager now); True otherwise.
         """
         parts = self.parts
         with self.phase("backward"):
             factor = images * self.dist.world_size if self.family.scale_loss_by_batch else 1
             scaled = parts.amp.scaler.scale(loss * factor)
-            if parts.cuda_graph is None:
-                scaled.backward()
-            else:
+            if parts.cuda_graph is not None:
                 parts.cuda_graph.backward(scaled)
+            elif parts.compiled is not None:
+                return bool(parts.compiled.backward(scaled))
+            else:
+                scaled.backward()
+        return True
 
     def _step_values(self, loss: torch.Tensor, items: torch.Tensor) -> list[float]:
         """``[total, *items]`` of this step as floats (one host read). Under DDP: the mean

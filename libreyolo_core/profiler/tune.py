@@ -7,8 +7,9 @@
 2. **Candidates.** The trials' verdicts name the levers (:func:`candidate_levers`), only
    those that exist on the device: ``dataloader`` -> more ``workers``, ``cache=ram``, a
    lighter augmentation, a larger batch; ``compute`` -> ``amp``, bf16 on a GPU that has it;
-   ``host/launch`` -> ``cuda_graph=True``, a larger batch; ``memory-pressure`` -> a smaller
-   batch. A CPU never tries AMP, bf16 or CUDA graphs: its verdict is ``dataloader`` (the
+   ``host/launch`` -> ``cuda_graph=True``, ``compile=True``, a larger batch; ``memory-pressure``
+   -> a smaller batch (``compute`` also tries ``compile=True`` on a GPU). A CPU never tries
+   AMP, bf16, CUDA graphs or compile: its verdict is ``dataloader`` (the
    loader levers and a larger batch) or ``compute`` (no lever exists on the device, as
    ``verdict.lever`` says: the answer is "no significant lever on this device").
    Levers that only change speed come first; those that change what is trained (the
@@ -160,7 +161,7 @@ class Lever:
 
     Attributes:
         name: ``workers``, ``cache``, ``light_aug``, ``batch_up``, ``batch_down``, ``amp``,
-            ``bf16``, ``cuda_graph`` (or ``combined``).
+            ``bf16``, ``cuda_graph``, ``compile`` (or ``combined``).
         label: what changes, in words (``workers 0 -> 2``).
         params: the training keys to change and their values.
         group: levers of one group are alternatives (never combined).
@@ -196,8 +197,9 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
         verdicts: the baseline trials' verdicts (several when they disagree: the levers of
             each, once).
         config: the baseline's resolved training keys (``workers``, ``batch``, ``cache``,
-            ``mosaic``, ``mixup``, ``amp``, ``amp_dtype``, ``cuda_graph``).
-        device_type: ``cpu``, ``cuda`` or ``mps``: AMP, bf16 and CUDA graphs only on ``cuda``.
+            ``mosaic``, ``mixup``, ``amp``, ``amp_dtype``, ``cuda_graph``, ``compile``).
+        device_type: ``cpu``, ``cuda`` or ``mps``: AMP, bf16, CUDA graphs and compile only
+            on ``cuda``.
         cpu_count: cores for the loader workers (default: the cores this process may use).
         bf16_supported: the GPU runs bf16 autocast (``torch.cuda.is_bf16_supported()``).
         cuda_graph_supported: the model's family allows CUDA-graph capture.
@@ -243,7 +245,7 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
                           "fewer images loaded and mixed per sample"))
             batch_up("a larger batch spreads the per-step overhead over more images")
         elif v == V.COMPUTE:
-            if not cuda:  # AMP and bf16 exist on a GPU only: a CPU has no compute lever
+            if not cuda:  # AMP, bf16 and compile pay on a GPU only: a CPU has no compute lever
                 continue
             if not config.get("amp", True):
                 add(Lever("amp", "amp=True", {"amp": True}, "precision", None,
@@ -253,10 +255,14 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
                 add(Lever("bf16", "amp=True amp_dtype=bfloat16",
                           {"amp": True, "amp_dtype": "bfloat16"}, "precision", None,
                           "bf16 autocast: no loss scaling, Tensor Cores"))
+            if not config.get("compile"):
+                add(_compile_lever("fused elementwise kernels: less memory traffic"))
         elif v == V.HOST:
             if cuda and cuda_graph_supported and not config.get("cuda_graph"):
                 add(Lever("cuda_graph", "cuda_graph=True", {"cuda_graph": True}, "cuda_graph",
                           None, "the step replays as one graph launch"))
+            if cuda and not config.get("compile"):
+                add(_compile_lever("fused kernels: fewer launches"))
             batch_up("a larger micro-batch gives each kernel launch more work")
         elif v == V.MEMORY and batch > 1:
             add(Lever("batch_down", f"batch {batch} -> {batch // 2}", {"batch": batch // 2},
@@ -264,6 +270,14 @@ def candidate_levers(verdicts: Sequence[str], config: Mapping[str, Any], *, devi
     levers = list(out.values())
     return [lv for lv in levers if lv.side_effect is None] + \
         [lv for lv in levers if lv.side_effect is not None]
+
+
+def _compile_lever(why: str) -> Lever:
+    """``compile=True``, on CUDA only (on a CPU it does not pay: docs/performance.md). Its
+    group is ``cuda_graph``'s: the two are alternatives (compile wins when both are set),
+    never combined. Each trial compiles again in its warm-up steps (a minute or more)."""
+    return Lever("compile", "compile=True", {"compile": True}, "cuda_graph", None,
+                 f"torch.compile: {why} (each trial compiles for a minute or more first)")
 
 
 def _cores() -> int:

@@ -91,13 +91,16 @@ LEVERS: dict[str, str] = {
 }
 
 
+_COMPILE_ADVICE = "compile=True (torch.compile: fused kernels; the first step compiles for a minute or more)"
+
+
 def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None) -> dict[str, Any]:
     """The lever of a verdict as data: the training keys to change and the values to try.
 
     Args:
         bound: one of :data:`VERDICTS` or :data:`MIXED`.
         config: the profiled run's settings (``batch``, ``workers``, ``amp``, ``cuda_graph``,
-            ``device``, ``model``); missing ones take TrainConfig's defaults.
+            ``compile``, ``device``, ``model``); missing ones take TrainConfig's defaults.
         cpu_count: CPU cores of the host (default ``os.cpu_count()``), the ceiling for
             ``workers``.
 
@@ -144,14 +147,20 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
         else:
             why = "the device is saturated with AMP on: this run is as fast as this model gets here"
             also += ["a smaller model or imgsz", "more GPUs"]
+            if not config.get("compile"):
+                also.append(_COMPILE_ADVICE)
     elif bound == HOST:
         params["batch"] = batch * 2
-        if not cpu and not config.get("cuda_graph"):
+        compiled = bool(config.get("compile"))  # compile wins over cuda_graph
+        if not cpu and not config.get("cuda_graph") and not compiled:
             params["cuda_graph"] = True
         why = ("the device idles between kernels: a larger micro-batch gives each launch more "
                "work" + (", a CUDA graph replays the step in one launch"
                          if "cuda_graph" in params else ""))
         also.append("fewer per-step host syncs (.item()) in custom callbacks")
+        if not cpu:
+            also.append("compile=reduce-overhead (CUDA graphs of the compiled network)" if compiled
+                        else _COMPILE_ADVICE)
     else:  # MIXED or unknown
         why = "repeat trials disagreed: profile again with more steps before changing anything"
         also.append("libreyolo profile run DATA --steps 40 --repeat 3")

@@ -313,7 +313,7 @@ def test_close_mosaic_signal_invalidates_the_manager():
     hook = MosaicSwitchHook()
     hook.trainer = types.SimpleNamespace(
         parts=types.SimpleNamespace(train_set=types.SimpleNamespace(close_mosaic=lambda: None),
-                                    model=m.model, loss_fn=None, cuda_graph=m),
+                                    model=m.model, loss_fn=None, cuda_graph=m, compiled=None),
         family=types.SimpleNamespace(on_mosaic_disable=lambda model, loss: True, title="YOLOX"),
         cfg=types.SimpleNamespace(epochs=10),
         events=types.SimpleNamespace(write=lambda event: emitted.append(event.event)),

@@ -46,30 +46,36 @@ def test_cpu_dataloader_levers_loader_first_then_what_changes_training():
     assert all(lv.side_effect is None for lv in levers[:2])
 
 
-def test_a_cpu_never_tries_amp_bf16_or_cuda_graphs():
+def test_a_cpu_never_tries_amp_bf16_cuda_graphs_or_compile():
     fp32 = {**CPU_CONFIG, "amp": False}
     for verdict in V.VERDICTS:
         names = {lv.name for lv in candidate_levers([verdict], fp32, device_type="cpu",
                                                      bf16_supported=True)}
-        assert not names & {"amp", "bf16", "cuda_graph"}, verdict
+        assert not names & {"amp", "bf16", "cuda_graph", "compile"}, verdict
     assert candidate_levers(["compute"], fp32, device_type="cpu") == []  # no lever on a CPU
 
 
 def test_gpu_levers_exist_only_where_the_device_has_them():
     cfg = {**CPU_CONFIG, "amp": False, "workers": 8, "cache": "ram"}
     compute = candidate_levers(["compute"], cfg, device_type="cuda", bf16_supported=True)
-    assert [lv.name for lv in compute] == ["amp", "bf16"]
+    assert [lv.name for lv in compute] == ["amp", "bf16", "compile"]
     assert compute[1].params == {"amp": True, "amp_dtype": "bfloat16"}
-    assert [lv.name for lv in candidate_levers(["compute"], cfg, device_type="cuda")] == ["amp"]
+    assert compute[2].params == {"compile": True} and compute[2].side_effect is None
+    assert [lv.name for lv in candidate_levers(["compute"], cfg, device_type="cuda")] == \
+        ["amp", "compile"]
     host = candidate_levers(["host/launch"], cfg, device_type="cuda")
-    assert [lv.name for lv in host] == ["cuda_graph", "batch_up"]
+    assert [lv.name for lv in host] == ["cuda_graph", "compile", "batch_up"]
+    # alternatives (compile wins when both are set): never combined by the tune
+    assert host[0].group == host[1].group
     assert [lv.name for lv in candidate_levers(["host/launch"], cfg, device_type="cuda",
-                                               cuda_graph_supported=False)] == ["batch_up"]
+                                               cuda_graph_supported=False)] == ["compile", "batch_up"]
+    assert [lv.name for lv in candidate_levers(["host/launch"], {**cfg, "compile": "default"},
+                                               device_type="cuda")] == ["cuda_graph", "batch_up"]
     memory = candidate_levers(["memory-pressure"], cfg, device_type="cuda")
     assert [(lv.name, lv.params) for lv in memory] == [("batch_down", {"batch": 16})]
     # trials that disagree: the levers of both verdicts, each once
     mixed = candidate_levers(["dataloader", "compute"], cfg, device_type="cuda", cpu_count=16)
-    assert [lv.name for lv in mixed] == ["workers", "amp", "light_aug", "batch_up"]
+    assert [lv.name for lv in mixed] == ["workers", "amp", "compile", "light_aug", "batch_up"]
 
 
 def test_a_clear_gain_on_a_quiet_machine_is_recommended():

@@ -106,6 +106,11 @@ def test_lever_is_the_keys_to_try_with_values():
     assert busy["params"] == {"cache": "ram"} and "16 cores" in busy["why"]
     assert lever(V.MEMORY, run)["params"] == {"batch": 8}
     assert lever(V.HOST, run)["params"] == {"batch": 32, "cuda_graph": True}
+    assert any(a.startswith("compile=True") for a in lever(V.HOST, run)["also"])
+    compiled = lever(V.HOST, {**run, "compile": "default"})  # compile wins over cuda_graph
+    assert compiled["params"] == {"batch": 32}
+    assert any(a.startswith("compile=reduce-overhead") for a in compiled["also"])
+    assert not any("compile" in a for a in lever(V.HOST, {**run, "device": "cpu"})["also"])
     assert lever(V.COMPUTE, {**run, "amp": False})["params"] == {"amp": True}
     cpu = lever(V.COMPUTE, {**run, "device": "cpu"})
     assert cpu["params"] == {} and "train on a GPU (gpus=1)" in cpu["also"]
