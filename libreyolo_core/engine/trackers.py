@@ -164,6 +164,8 @@ class TensorBoardHook(TrackerHook):
         self.writer.flush()
 
     def on_end(self) -> None:
+        if self.writer is None:  # never opened: the run ended in set-up, before its run folder
+            return
         self._val_files(max(self.trainer.state.epoch, 1))
 
     def _val_files(self, step: int) -> None:
