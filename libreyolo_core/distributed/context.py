@@ -64,6 +64,10 @@ TIMEOUT_ENV = "LIBREYOLO_DIST_TIMEOUT_S"
 
 _phase = "start-up"
 _PHASE_KEY = "libreyolo/phase/{rank}"
+#: seconds a phase publish or read (:func:`set_phase`, :func:`rank0_phase`) may wait for the store
+PHASE_STORE_TIMEOUT_S = 5.0
+_phase_client: Any = None
+_phase_client_for: tuple[str, str] | None = None
 _TIMEOUT_RE = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 
 
@@ -109,13 +113,26 @@ def set_phase(name: str) -> None:
 
 
 def _store() -> Any:
-    """The default process group's store, or None outside one."""
+    """A client of the job's rendezvous store (``MASTER_ADDR:MASTER_PORT``: torchrun's agent
+    or rank 0) with a short timeout (:data:`PHASE_STORE_TIMEOUT_S`), made once per address;
+    None outside a process group or when it cannot be reached. Not the process group's own
+    client: its timeout is the collective timeout, and a publish to a vanished host must not
+    add one more such wait before the collective that times out."""
+    global _phase_client, _phase_client_for
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - a private torch API: absent means no published phase
+    where = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
+    if not all(where):
         return None
+    if _phase_client_for != where:
+        _phase_client_for, _phase_client = where, None
+        try:
+            _phase_client = dist.TCPStore(where[0], int(where[1]), is_master=False,
+                                          timeout=datetime.timedelta(seconds=PHASE_STORE_TIMEOUT_S),
+                                          wait_for_workers=False)
+        except Exception:  # noqa: BLE001 - the phase is a diagnostic: no store, no publishing
+            _phase_client = None
+    return _phase_client
 
 
 def rank0_phase() -> str | None:
