@@ -42,6 +42,7 @@ from libreyolo_core.distributed.context import (
     set_phase,
     timeout_error,
 )
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.build import TrainParts, build_parts
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.events import EventLog
@@ -246,6 +247,7 @@ class Trainer:
         self.run_dir = Path(broadcast_object(str(run_dir) if main else None, self.dist))
         self.events = EventLog(self.run_dir / "events.jsonl" if main else None)
         if main:
+            fence.check("args.yaml")  # an attempt given up writes nothing
             (self.run_dir / "args.yaml").write_text(
                 yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
 
