@@ -124,3 +124,21 @@ def test_a_given_up_engine_writes_no_results_csv(tmp_path):
     assert not (run / "results.csv").exists() and not (run / ".results.csv.tmp").exists()
     events = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "artifact" and events[-1]["path"] == "weights/last.pt", events[-1]
+
+
+def test_a_given_up_engine_leaves_no_error_file(tmp_path):
+    """The error file is first-writer-wins: a given-up attempt's failure written after the
+    fence would become the newer attempt's. Rank 1 of a run with a malformed setting (a usage
+    error only rank 0 prints, so the error file is its first write) stops at the fence
+    instead of recording it."""
+    fence_file, error_file = tmp_path / "attempt.fence", tmp_path / "engine_error.json"
+    fence_file.write_text("2.new\n")
+    env = {"PYTHONPATH": str(REPO), "LIBREYOLO_ATTEMPT_TOKEN": "1.old", "RANK": "1",
+           "LIBREYOLO_FENCE_FILE": str(fence_file), "LIBREYOLO_ERROR_FILE": str(error_file),
+           "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "libreyolo_core.cli", "train", "model=yolo9-t",
+                          "data=x.yaml", "imgsz=abc"],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 6, out
+    assert "the error file not written" in out.stderr, out.stderr[-2000:]
+    assert not error_file.exists()
