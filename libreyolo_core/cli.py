@@ -432,6 +432,10 @@ def _record_error(code: int, exc: BaseException) -> None:
     text = _loader_worker_death(exc) or f"{type(exc).__name__}: {exc}"
     record = {"exit_code": code, "error": text[:2000],
               "rank": int(os.environ.get("RANK", "0"))}
+    from libreyolo_core.engine import fence
+
+    # a given-up attempt's failure must not become the newer attempt's (first writer wins)
+    fence.check("the error file")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:  # already written by the first failing rank, or no such folder

@@ -182,7 +182,8 @@ class Settings(BaseSettings):
         "[\"--constraint=a100\", \"--exclusive\"]")
     slurm_signal_s: int = Field(
         60, ge=1, description="sbatch --signal=B:USR1@<this>: seconds before the time limit "
-        "(or on a preemption) that the engine is told to save last.pt and stop")
+        "that the engine is told to save last.pt and stop (Slurm sends it only before the "
+        "time limit; a preemption sends SIGTERM, which does the same)")
     slurm_port_base: int = Field(
         29500, ge=1024, le=60000, description="the torchrun rendezvous port of a Slurm job is "
         "this + (Slurm job id mod 1000), on its first node")

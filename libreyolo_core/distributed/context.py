@@ -8,9 +8,12 @@ paths meet here.
 
 Process-group timeout: :data:`TIMEOUT_ENV` (``LIBREYOLO_DIST_TIMEOUT_S``, seconds; default
 10800 = 3 h, long enough for rank 0 to validate a big set while the others wait). The
-trainer names the phase it is in (:func:`set_phase`: set-up and data scan, autobatch, a
-training epoch, the end-of-epoch wait while rank 0 validates and saves); a collective that
-times out raises :class:`CollectiveTimeoutError` naming that phase and the setting.
+trainer names the phase it is in (:func:`set_phase`: the rendezvous, the dataset scan and
+label cache, the model build, autobatch, the DDP start-up sync, the first batch, a training
+epoch, the end-of-epoch wait while rank 0 validates and saves); each rank also publishes its
+phase in the process group's store, so a collective that times out raises
+:class:`CollectiveTimeoutError` naming this rank's phase, rank 0's (where it could be read)
+and the setting.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "pg_timeout",
     "set_phase",
     "current_phase",
+    "rank0_phase",
     "timeout_error",
     "DistContext",
     "torchrun_env",
@@ -59,6 +63,11 @@ PG_TIMEOUT = datetime.timedelta(hours=3)
 TIMEOUT_ENV = "LIBREYOLO_DIST_TIMEOUT_S"
 
 _phase = "start-up"
+_PHASE_KEY = "libreyolo/phase/{rank}"
+#: seconds a phase publish or read (:func:`set_phase`, :func:`rank0_phase`) may wait for the store
+PHASE_STORE_TIMEOUT_S = 5.0
+_phase_client: Any = None
+_phase_client_for: tuple[str, str] | None = None
 _TIMEOUT_RE = re.compile(r"timed? ?out|timeout", re.IGNORECASE)
 
 
@@ -87,9 +96,60 @@ def pg_timeout() -> datetime.timedelta:
 
 
 def set_phase(name: str) -> None:
-    """Say what this process is doing now (named by a collective that times out)."""
+    """Say what this process is doing now (named by a collective that times out).
+
+    Inside a process group the phase is also written to the group's store (key
+    ``libreyolo/phase/<rank>``), where a rank whose collective timed out reads rank 0's
+    (:func:`timeout_error`); a store that cannot be written (a peer gone) is ignored.
+    """
     global _phase
     _phase = name
+    store = _store()
+    if store is not None:
+        try:
+            store.set(_PHASE_KEY.format(rank=dist.get_rank()), name)
+        except Exception:  # noqa: BLE001 - the phase is a diagnostic: never fail a run for it
+            pass
+
+
+def _store() -> Any:
+    """A client of the job's rendezvous store (``MASTER_ADDR:MASTER_PORT``: torchrun's agent
+    or rank 0) with a short timeout (:data:`PHASE_STORE_TIMEOUT_S`), made once per address;
+    None outside a process group or when it cannot be reached. Not the process group's own
+    client: its timeout is the collective timeout, and a publish to a vanished host must not
+    add one more such wait before the collective that times out."""
+    global _phase_client, _phase_client_for
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    where = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""))
+    if not all(where):
+        return None
+    if _phase_client_for != where:
+        _phase_client_for, _phase_client = where, None
+        try:
+            _phase_client = dist.TCPStore(where[0], int(where[1]), is_master=False,
+                                          timeout=datetime.timedelta(seconds=PHASE_STORE_TIMEOUT_S),
+                                          wait_for_workers=False)
+        except Exception:  # noqa: BLE001 - the phase is a diagnostic: no store, no publishing
+            _phase_client = None
+    return _phase_client
+
+
+def rank0_phase() -> str | None:
+    """Rank 0's last published phase (:func:`set_phase`), read from the process group's
+    store without waiting; None outside a process group, on rank 0, or when it cannot be
+    read (rank 0 gone, nothing published yet)."""
+    store = _store()
+    if store is None or dist.get_rank() == 0:
+        return None
+    key = _PHASE_KEY.format(rank=0)
+    try:
+        if not store.check([key]):
+            return None
+        value = store.get(key)
+    except Exception:  # noqa: BLE001 - a diagnostic read: the store may have died with rank 0
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def current_phase() -> str:
@@ -106,10 +166,13 @@ def timeout_error(exc: BaseException) -> CollectiveTimeoutError | None:
         return None
     seconds = int(pg_timeout().total_seconds())
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    who = f"rank {dist.get_rank()}" if dist.is_available() and dist.is_initialized() else "this rank"
+    main = rank0_phase()
+    other = f"; rank 0's phase: {main}" if main is not None and main != _phase else ""
     return CollectiveTimeoutError(
-        f"a collective timed out after {seconds} s during {_phase}: another rank did not reach it "
-        f"in time (it failed, hung, or this phase is slower than the timeout). The timeout is "
-        f"{TIMEOUT_ENV} (seconds, default {int(PG_TIMEOUT.total_seconds())}). ({first})")
+        f"a collective timed out after {seconds} s during {_phase} ({who}){other}: another rank did "
+        f"not reach it in time (it failed, hung, or this phase is slower than the timeout). The "
+        f"timeout is {TIMEOUT_ENV} (seconds, default {int(PG_TIMEOUT.total_seconds())}). ({first})")
 
 
 @dataclass(frozen=True)
@@ -203,6 +266,7 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
         kwargs: dict[str, Any] = {"device_id": torch_device} if backend == "nccl" else {}
         set_phase("joining the process group (rendezvous)")
         dist.init_process_group(backend, timeout=timeout, rank=rank, world_size=world_size, **kwargs)
+        set_phase("set-up after the rendezvous")  # published: the others can now read it
     ctx = DistContext(rank=rank, local_rank=local_rank, world_size=world_size, backend=backend)
     if rank != 0:  # rank 0 speaks for the job; the others report errors only
         logging.getLogger("libreyolo_core").setLevel(logging.ERROR)

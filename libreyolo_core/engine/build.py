@@ -173,8 +173,12 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:
     """The train split's scan report and the val split's (the train split when the yaml
     has no ``val:``; None unless ``val`` and rank 0)."""
+    set_phase("scanning the train split (reading or building its label cache; every rank)")
     train_report = require_trainable(scan_split(data, "train", cache_dir=cfg.cache_dir), "train")
     val_split = "val" if data.val else "train"
+    if cfg.val and main:
+        set_phase(f"scanning the {val_split} split for validation (reading or building its label "
+                  f"cache; rank 0 alone, the other ranks go on)")
     if val_split == "train" and cfg.val and main:
         log.warning("%s has no 'val:' split: validating on the train split (its metrics "
                     "overstate what the model does on unseen images)", data.yaml_path)
@@ -187,6 +191,7 @@ def _model(cfg: TrainConfig, family: Any, size: str, nc: int, device: torch.devi
            model: nn.Module | None, arch: dict[str, Any] | None) -> tuple[nn.Module, list[str]]:
     """The network on ``device`` (see :func:`build_parts` for when it is built anew) and the
     names of the modules ``freeze`` keeps. Under DDP the wrapper broadcasts rank 0's weights."""
+    set_phase("building the model")
     if model is None or arch is not None or getattr(unwrap(model), "nc", nc) != nc:
         model = family.build_model(size, nc, **(arch or {}))
     model.to(device)
@@ -201,6 +206,7 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
              rank_batch: int, device: torch.device) -> tuple[YOLODataset, Any, Any]:
     """The augmented train set, its loader (each rank its share; ``loader=gpu``: decoded and
     augmented on ``device``) and the val loader (or None; always the CPU loader)."""
+    set_phase("building the data loaders (and the image cache when cache= is set)")
     train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
                             seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir)
     visible = math.ceil(len(train_set) / dist.world_size)

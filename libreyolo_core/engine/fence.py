@@ -3,8 +3,10 @@ attempt has started, on any host.
 
 The service's worker writes the attempt's token into the job's fence file
 (``$LIBREYOLO_FENCE_FILE``, in the job folder of the shared artifact store) before it
-starts the engine with ``$LIBREYOLO_ATTEMPT_TOKEN``. Before each event line and each
-checkpoint it writes, the engine compares the two (:func:`check`): when the file names
+starts the engine with ``$LIBREYOLO_ATTEMPT_TOKEN``. Before each event line, each
+checkpoint and each other file of the run folder it writes (``results.csv``, ``args.yaml``,
+the ``val/`` report, ``best.onnx``, the error file, the trackers' logging: TensorBoard's
+event files, MLflow), the engine compares the two (:func:`check`): when the file names
 another attempt, this engine belongs to an attempt that was given up (its worker was
 stopped or cut off past its lease and the job re-queued), so it prints one line and ends
 at once (``os._exit(EXIT_FENCED)``) without writing. Its event lines also carry the token

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.checkpoint import lean_state, save_checkpoint
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.nonfinite import NonFiniteLossError, describe_nonfinite, grads_finite
@@ -357,6 +358,7 @@ class ReportHook(HookBase):
         meta = {"epoch": vh.last_epoch, "model": f"{t.family.name}-{t.size}", "imgsz": t.cfg.imgsz,
                 "split": "val", "data": str(t.cfg.data), "val_time_s": round(t.state.val_s[-1], 3)
                 if t.state.val_s else None}
+        fence.check("the validation report (val/)")  # an attempt given up writes nothing
         try:
             report = write_report(t.run_dir / "val", vh.last_pass, dict(t.names or {}), t.cfg.plot_images,
                                   labels, meta, plots=t.cfg.plots)
@@ -411,6 +413,7 @@ class CheckpointHook(HookBase):
             save_checkpoint(lean_state(state), weights / "best.pt")
             t.events.write(ArtifactEvent(path="weights/best.pt", kind="checkpoint"))
         if periodic and t.cfg.save_period and (epoch + 1) % t.cfg.save_period == 0:
+            fence.check(f"checkpoint epoch_{epoch + 1}.pt")
             shutil.copyfile(last, weights / f"epoch_{epoch + 1}.pt")
 
     def _write_results(self) -> None:
@@ -424,7 +427,9 @@ class CheckpointHook(HookBase):
             writer.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v)
                              for k, v in row.items()})
         tmp = run_dir / ".results.csv.tmp"
+        fence.check("results.csv")  # an attempt given up writes nothing
         tmp.write_text(buf.getvalue(), encoding="utf-8")
+        fence.check("results.csv", leftover=tmp)
         os.replace(tmp, run_dir / "results.csv")
 
 

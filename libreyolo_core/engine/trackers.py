@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.hooks import HookBase
 
 __all__ = ["TrackerHook", "TensorBoardHook", "MlflowHook", "tracker_hooks", "read_pr_curve",
@@ -43,6 +44,9 @@ __all__ = ["TrackerHook", "TensorBoardHook", "MlflowHook", "tracker_hooks", "rea
 
 log = logging.getLogger(__name__)
 
+#: seconds between two checks of the attempt fence by a tracker's per-step logging (its
+#: other calls check every time)
+FENCE_STEP_CHECK_S = 1.0
 TENSORBOARD_INSTALL = "TensorBoard logging needs tensorboard: pip install 'libreyolo-service[tensorboard]'"
 MLFLOW_INSTALL = "MLflow logging needs mlflow: pip install 'libreyolo-service[mlflow]'"
 METRICS = ("precision", "recall", "mAP50", "mAP50-95")
@@ -70,10 +74,20 @@ class TrackerHook(HookBase):
 
     def __init__(self) -> None:
         self.dead = False
+        self._fence_checked = -math.inf  # time.monotonic() of the last per-step fence check
 
-    def guard(self, fn: Callable[[], None]) -> None:
+    def guard(self, fn: Callable[[], None], step: bool = False) -> None:
+        """Call ``fn`` unless the tracker is off; its error turns the tracker off. Under the
+        service the attempt fence is checked first (:func:`libreyolo_core.engine.fence.check`:
+        a given-up attempt logs nothing more, its files in the run folder included); per
+        step (``step``) at most every :data:`FENCE_STEP_CHECK_S`, the fence file being on
+        shared storage."""
         if self.dead:
             return
+        now = time.monotonic()
+        if not step or now - self._fence_checked >= FENCE_STEP_CHECK_S:
+            self._fence_checked = now
+            fence.check(f"{self.tracker} logging")
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - a tracker never fails training
@@ -93,13 +107,14 @@ class TrackerHook(HookBase):
         self.guard(self.open)
 
     def after_step(self, finite: bool) -> None:
-        self.guard(lambda: self.on_step(finite))
+        self.guard(lambda: self.on_step(finite), step=True)
 
     def after_epoch(self) -> None:
         self.guard(self.on_epoch)
 
     def after_train(self) -> None:
         self.guard(self.on_end)
+        fence.check(f"{self.tracker} logging")  # closing flushes what it queued
         try:  # a dropped tracker closes too: what it holds (a thread, settings) goes with the run
             self.close()
         except Exception as exc:  # noqa: BLE001
@@ -164,6 +179,8 @@ class TensorBoardHook(TrackerHook):
         self.writer.flush()
 
     def on_end(self) -> None:
+        if self.writer is None:  # never opened: the run ended in set-up, before its run folder
+            return
         self._val_files(max(self.trainer.state.epoch, 1))
 
     def _val_files(self, step: int) -> None:

@@ -36,11 +36,13 @@ from libreyolo_core.distributed.context import (
     DistContext,
     all_reduce_sum,
     broadcast_object,
+    current_phase,
     destroy_distributed,
     init_distributed,
     set_phase,
     timeout_error,
 )
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.build import TrainParts, build_parts
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.events import EventLog
@@ -101,7 +103,8 @@ class Trainer:
 
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
-            (under DDP every rank raises it at the same step).
+            (under DDP every rank raises it at the same step); a SIGTERM during set-up (the
+            dataset scan, the model build, ...) raises it at once, with nothing saved.
         NonFiniteLossError: ten non-finite losses in a row, or an epoch without one
             optimizer step taken (the message names the first bad step and loss terms).
         NonFiniteCheckpointError: a checkpoint to write (or resume) holds NaN/inf.
@@ -145,6 +148,7 @@ class Trainer:
         self._stop_agreed = False  # under DDP: every rank knows a stop was requested
         self._owns_process_group = False
         self._t_train_start = 0.0
+        self._in_setup = False  # SIGTERM during set-up stops at once (nothing to save yet)
         # until the rank is known (set-up), a failure still reaches on_train_end
         self.hooks: list[HookBase] = [CallbackHook(self.callbacks)]
         self.hooks[0].trainer = self
@@ -170,6 +174,12 @@ class Trainer:
         outer = signal.getsignal(signal.SIGTERM)
 
         def handler(signum, frame):
+            if self._in_setup:  # nothing trained, nothing to save: stop now, not after a scan
+                log.warning("SIGTERM received during set-up (%s): stopping", current_phase())
+                self.request_stop("SIGTERM")
+                if callable(outer):
+                    outer(signum, frame)
+                raise TrainingInterrupted("SIGTERM")
             log.warning("SIGTERM received: finishing the current step, then saving last.pt")
             self.request_stop("SIGTERM")
             if callable(outer):
@@ -208,6 +218,8 @@ class Trainer:
             self._load_resume()
         self.bn_guard = BatchNormGuard(parts.model)  # a skipped step leaves BatchNorm as it was
         if self.dist.enabled:
+            set_phase("DDP start-up (every rank waits until all have scanned the dataset and built "
+                      "the model, then rank 0's weights are broadcast)")
             cuda = self.device.type == "cuda"
             parts.model = DistributedDataParallel(
                 parts.model, device_ids=[self.device.index] if cuda else None,
@@ -217,6 +229,7 @@ class Trainer:
         self._open_run_dir()
 
     def _load_resume(self) -> None:
+        set_phase("loading the resumed checkpoint")
         r, parts = self.resume, self.parts
         self.state.load(r.ckpt, parts, path=r.path, title=self.title,
                         restore_rng=self.dist.is_main)  # other ranks keep their seed + rank
@@ -229,12 +242,14 @@ class Trainer:
         """Rank 0 chooses the run directory (a resumed run's own) and tells the others; it
         alone writes in it (``events.jsonl``, ``args.yaml``)."""
         main = self.dist.is_main
+        set_phase("opening the run directory (rank 0 creates it, the other ranks wait)")
         if main:
             run_dir = (self.resume.run_dir if self.resume is not None
                        else make_run_dir(self.cfg.project, self.cfg.name, self.cfg.exist_ok))
         self.run_dir = Path(broadcast_object(str(run_dir) if main else None, self.dist))
         self.events = EventLog(self.run_dir / "events.jsonl" if main else None)
         if main:
+            fence.check("args.yaml")  # an attempt given up writes nothing
             (self.run_dir / "args.yaml").write_text(
                 yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
 
@@ -254,7 +269,12 @@ class Trainer:
         previous = self._install_sigterm()
         self._t_train_start = time.perf_counter()
         try:
-            self._setup()
+            self._in_setup = True
+            try:
+                self._setup()
+            finally:
+                self._in_setup = False
+            set_phase("start of training (before_train hooks)")
             self._call("before_train")
             self.status = self._loop()
             return self._result()
@@ -285,7 +305,7 @@ class Trainer:
             st.epoch = epoch
             self._call("before_epoch")
             t0 = time.perf_counter()
-            set_phase(f"training epoch {epoch + 1}")
+            set_phase(f"training epoch {epoch + 1}, first batch (the data loader starts)")
             losses, lr = self._train_epoch(epoch)
             set_phase(f"end of epoch {epoch + 1} (rank 0 validates and saves, the other ranks wait)")
             if self.stopping():
@@ -338,6 +358,8 @@ class Trainer:
         batches = loader if self.profiler is None else self.profiler.wrap_loader(loader)
         for i, batch in enumerate(batches):
             self.meter.step = i
+            if i == 0:
+                set_phase(f"training epoch {epoch + 1}")  # its first batch has arrived
             finite = self._step(i, batch)
             if any(hook.after_step(finite) for hook in self.hooks) or (finite and self.stopping()):
                 break

@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from libreyolo_core.engine import fence
+
 __all__ = ["EXIT_HANG", "FACTOR_ENV", "MIN_S_ENV", "HangWatchdog", "from_env"]
 
 #: the engine's exit code after a hang (``worker.outcome`` reads it as an infrastructure end)
@@ -157,6 +159,7 @@ def _record(message: str, rank: int) -> None:
     path = os.environ.get("LIBREYOLO_ERROR_FILE")
     if not path:
         return
+    fence.check("the error file")  # a given-up attempt's hang is not the newer attempt's
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:

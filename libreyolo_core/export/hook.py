@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.engine import fence
 from libreyolo_core.engine.hooks import HookBase
 from libreyolo_core.records.events import ArtifactEvent
 
@@ -39,14 +40,17 @@ class ExportHook(HookBase):
         for fmt in t.cfg.export:
             target = best.with_suffix(f".{fmt}")
             record = target.with_name(target.name + ".json")
+            fence.check(f"weights/{target.name}")  # an attempt given up writes nothing
             try:
                 from libreyolo_core.facade import LibreYOLO
 
                 result = LibreYOLO(best).export(format=fmt, file=target, imgsz=t.cfg.imgsz)
+                fence.check(f"weights/{record.name}", leftover=target)  # the export took a while
                 record.write_text(json.dumps(result.to_dict() | {"path": f"weights/{target.name}"}),
                                   encoding="utf-8")
                 t.events.write(ArtifactEvent(path=f"weights/{target.name}", kind="export"))
             except Exception as exc:  # noqa: BLE001 - the training result stands
                 log.warning("export=%s: %s", fmt, exc)
+                fence.check(f"weights/{record.name}")
                 record.write_text(json.dumps({"format": fmt, "error": str(exc)}), encoding="utf-8")
             t.events.write(ArtifactEvent(path=f"weights/{record.name}", kind="export"))
