@@ -116,11 +116,6 @@ class Settings(BaseSettings):
     resend_after_s: float = Field(
         600.0, gt=0, description="re-send the message of a job queued this long (lost message)"
     )
-    resend_check_s: float = Field(
-        10.0, gt=0, description="a queued job whose message was sent this long ago is "
-        "re-sent at once when its queue in the broker holds fewer messages than the queue's "
-        "waiting jobs (a broker restarted empty): with the reaper's interval, within about "
-        "30 s")
     sse_poll_s: float = Field(0.25, gt=0, description="SSE: how often each API process "
                               "checks for new events (one statement, whatever the number of "
                               "open streams; service/streams.py)")
