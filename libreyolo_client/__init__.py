@@ -31,6 +31,7 @@ from libreyolo_client._errors import (
 )
 from libreyolo_client._models import (
     ArtifactInfo,
+    Box,
     DatasetInfo,
     Event,
     JobInfo,
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncClient",
     "AsyncJob",
     "AuthError",
+    "Box",
     "ChecksumError",
     "Client",
     "Conflict",

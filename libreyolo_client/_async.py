@@ -45,11 +45,13 @@ from libreyolo_client._errors import (
 from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
+    Box,
     Event,
     JobInfo,
     Model,
     Preflight,
     TuneReport,
+    boxes_from,
     published,
 )
 from libreyolo_client._sse import SSEvent, aparse_sse
@@ -177,6 +179,23 @@ class AsyncClient(_Base):
         return await self.submit("tune", model, data, gpus=gpus, params=kw,
                                  tune={k: v for k, v in tune.items() if v is not None}, **opts)
 
+    async def submit_predict(self, model: str, path: str | os.PathLike[str], *,
+                             conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
+                             max_det: int = 300) -> AsyncJob:
+        """See :meth:`Client.submit_predict`."""
+        kw = await asyncio.to_thread(self._predict_request, model, path, conf, iou, imgsz, max_det)
+        r = await self._request("POST", "/v1/predict", **kw)
+        return AsyncJob(self, JobInfo.model_validate(r.json()))
+
+    async def predict(self, model: str, path: str | os.PathLike[str], *, conf: float = 0.25,
+                      iou: float = 0.45, imgsz: int | None = None, max_det: int = 300,
+                      timeout: float | None = 120.0) -> list[Box]:
+        """See :meth:`Client.predict`."""
+        job = await self.submit_predict(model, path, conf=conf, iou=iou, imgsz=imgsz,
+                                        max_det=max_det)
+        await job.wait(timeout)
+        return await job.boxes()
+
     async def job(self, job_id: str) -> AsyncJob:
         """See :meth:`Client.job`."""
         return AsyncJob(self, JobInfo.model_validate(await self._json("GET",
@@ -220,15 +239,16 @@ class AsyncClient(_Base):
                                 headers={"Content-Type": "application/octet-stream",
                                          "Content-Length": str(src.stat().st_size)},
                                 timeout=httpx.Timeout(600.0, connect=10.0))
-        return Model.model_validate(r.json())
+        return self._bind(Model.model_validate(r.json()))
 
     async def models(self) -> list[Model]:
         """See :meth:`Client.models`."""
-        return [Model.model_validate(m) for m in (await self._json("GET", "/v1/models"))["data"]]
+        return [self._bind(Model.model_validate(m))
+                for m in (await self._json("GET", "/v1/models"))["data"]]
 
     async def model(self, model_id: str) -> Model:
-        """See :meth:`Client.model`."""
-        return Model.model_validate(await self._json("GET", f"/v1/models/{model_id}"))
+        """See :meth:`Client.model` (``await model.predict(path)``)."""
+        return self._bind(Model.model_validate(await self._json("GET", f"/v1/models/{model_id}")))
 
     async def delete_model(self, model_id: str) -> None:
         """See :meth:`Client.delete_model`."""
@@ -296,6 +316,14 @@ class AsyncJob:
         """See :meth:`Job.artifacts`."""
         page = await self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    async def boxes(self) -> list[Box]:
+        """See :meth:`Job.boxes`."""
+        if not (self.info.result or {}).get("predict"):
+            await self.refresh()
+        names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
+        r = await self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
+        return boxes_from(r.json(), names)
 
     def events(self, after: int = 0, *, follow: bool = True, timeout: float | None = None
                ) -> AsyncIterator[Event]:

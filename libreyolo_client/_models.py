@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
+__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
            "published",
            "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
-           "TERMINAL_STATUSES"]
+           "TERMINAL_STATUSES", "boxes_from"]
 
 #: statuses a job never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -174,6 +174,45 @@ class Model(_Model):
     def model_name(self) -> str:
         """``<family>-<size>``, e.g. ``yolo9-t``."""
         return f"{self.family}-{self.size}"
+
+    #: the client that read it (:meth:`predict` goes through it)
+    _client: Any = PrivateAttr(default=None)
+
+    def predict(self, path: Any, **kw: Any) -> Any:
+        """The boxes this model finds in the image ``path``, run on a worker:
+        ``Client.predict(self.id, path, **kw)`` (a ``list[Box]``; with an ``AsyncClient``
+        a coroutine of it).
+
+        Raises:
+            RuntimeError: a model made by hand, not read through a client.
+        """
+        if self._client is None:
+            raise RuntimeError("this Model was not read through a Client: use "
+                               "Client.predict(model_id, path)")
+        return self._client.predict(self.id, path, **kw)
+
+
+class Box(_Model):
+    """One detection: ``xyxy`` (x1, y1, x2, y2, pixels of the original image), ``conf``
+    (score, 0..1), ``cls`` (class id) and its ``name``."""
+
+    xyxy: tuple[float, float, float, float]
+    conf: float
+    cls: int
+    name: str
+
+
+def boxes_from(predictions: list[dict[str, Any]], names: dict[str, str]) -> list[Box]:
+    """``predictions.json`` (COCO results: ``bbox`` ``[x, y, w, h]``, ``score``,
+    ``category_id``) as :class:`Box` es, highest score first; ``names``: class id (a
+    string) -> name (a predict job's ``result.predict.names``)."""
+    out = []
+    for p in predictions:
+        x, y, w, h = (float(v) for v in p["bbox"])
+        cls = int(p["category_id"])
+        out.append(Box(xyxy=(x, y, x + w, y + h), conf=float(p["score"]), cls=cls,
+                       name=names.get(str(cls), str(cls))))
+    return sorted(out, key=lambda b: -b.conf)
 
 
 def published(model: Model) -> bool:
