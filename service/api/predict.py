@@ -41,7 +41,7 @@ from service.db.models import Job, new_id, utcnow
 from service.lifecycle import JobStatus
 from service.ops import append_events
 from service.queue import enqueue, queue_for
-from service.workers import live_queues, unserved_warning
+from service.workers import live_queues
 
 __all__ = ["router", "PredictParams", "IMAGE_TYPES", "image_type", "validate_predict_params"]
 
@@ -172,9 +172,12 @@ async def predict_image(
     path = _model_ref(session, user, store, model)
     served = _served_gpus(session, settings)
     if served is None:
-        warning = unserved_warning(queue_for(0), 0, live_queues(session, settings.worker_ttl_s))
-        raise Problem(409, "no live worker serves the cpu or gpu-1 queue, so nothing can run "
-                      f"the prediction now ({warning.split(': ', 1)[-1]})", field="model")
+        online = sorted(live_queues(session, settings.worker_ttl_s))
+        now = f"online workers serve {', '.join(online)}" if online else "no worker is online"
+        raise Problem(409, f"no live worker serves the cpu or gpu-1 queue ({now}), so nothing "
+                      "can run the prediction; nothing was queued. Start one with "
+                      "`libreyolo-service worker --cpu` (or --gpus 0) and try again",
+                      field="model")
     gpus, queue = served
     job_id = new_id("j")
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).stem)[:100].strip("._") or "image"

@@ -67,6 +67,7 @@ def test_try_it_without_a_live_worker_is_refused_at_once(server, sessions):
         assert r.status_code == 409, r.text
         assert r.json()["detail"].startswith("no live worker serves the cpu or gpu-1 queue")
         assert "libreyolo-service worker --cpu" in r.json()["detail"]
+        assert "nothing was queued" in r.json()["detail"]
         assert c.get("/v1/jobs", params={"kind": "predict"}).json()["data"] == []
 
 
