@@ -359,8 +359,9 @@ class Client(_Base):
                gpus: int | None = None, procs: int = 1, nodes: int = 1, priority: int = 0,
                time_budget_s: float | None = None, idempotency_key: str | None = None,
                params: dict[str, Any] | None = None, tune: dict[str, Any] | None = None) -> Job:
-        """Submit a ``train``, ``profile`` or ``tune`` job; see :meth:`train` and
-        :meth:`tune` (``tune``: a tune job's options).
+        """Submit a ``train``, ``profile``, ``tune`` or ``predict`` job; see :meth:`train`,
+        :meth:`tune` (``tune``: a tune job's options) and :meth:`predict` (a predict job's
+        ``params``: ``conf``, ``iou``, ``imgsz``, ``max_det``, ``split``).
 
         A fresh ``Idempotency-Key`` (or yours) goes with the request and with every retry of
         it, so a retried submit never makes two jobs. When the service warns (no live worker

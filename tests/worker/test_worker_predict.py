@@ -93,6 +93,9 @@ def test_try_it_image_runs_on_the_worker(stack, tmp_path):
         drawn = c.get(arts["predict/street.jpg"]["url"])
         assert drawn.headers["content-type"] == "image/jpeg"
         assert Image.open(io.BytesIO(drawn.content)).size == (128, 96)
+        # the job's page lists the annotated image among its files
+        page = c.get(f"/jobs/{job_id}")
+        assert page.status_code == 200 and "predict/street.jpg" in page.text
         # the stored job.json is a predict spec with the registered model's file
         spec = json.loads((stack.settings.artifact_root / job_id / "job.json").read_text())
         assert spec["kind"] == "predict" and spec["model"].endswith(f"{stack.model['id']}.pt")
