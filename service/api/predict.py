@@ -173,8 +173,8 @@ async def predict_image(
     served = _served_gpus(session, settings)
     if served is None:
         online = sorted(live_queues(session, settings.worker_ttl_s))
-        now = f"online workers serve {', '.join(online)}" if online else "no worker is online"
-        raise Problem(409, f"no live worker serves the cpu or gpu-1 queue ({now}), so nothing "
+        seen = f"online workers serve {', '.join(online)}" if online else "no worker is online"
+        raise Problem(409, f"no live worker serves the cpu or gpu-1 queue ({seen}), so nothing "
                       "can run the prediction; nothing was queued. Start one with "
                       "`libreyolo-service worker --cpu` (or --gpus 0) and try again",
                       field="model")
