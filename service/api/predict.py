@@ -11,7 +11,7 @@ the job's ``result.predict`` holds: images, detections, class names, files).
 dataset id, or a yaml path; ``params.split``, default ``val``) under the same containment
 rule as training (:func:`service.api.submit_rules.resolve_data`). ``POST /v1/predict`` takes
 one image as the request body (``max_predict_bytes``, JPEG, PNG, WebP or BMP, checked by
-its first bytes), stores it in the job's own folder
+its first bytes; at most ``max_predict_pixels``, read from its header), stores it in the job's own folder
 (:meth:`~service.storage.local.ArtifactStore.input_dir`: the worker reads it there, the
 dataset rule is for datasets) and queues a job with the ``predict_time_budget_s`` budget on
 the first queue a live worker serves (``default_gpus``'s, then ``cpu``, then ``gpu-1``);
@@ -103,6 +103,21 @@ def image_type(head: bytes) -> str | None:
     return None
 
 
+def _image_size(path: Path) -> tuple[int, int]:
+    """``(width, height)`` of an image file from its header (Pillow reads no pixels).
+
+    Raises:
+        Problem 422: a file Pillow cannot identify, or one past its decompression-bomb limit.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
+        raise Problem(422, f"body: not a readable image ({exc})", field="body") from None
+
+
 def _served_gpus(session: Any, settings: Any) -> tuple[int, str] | None:
     """``(gpus, queue)`` of the first queue a live worker serves among ``default_gpus``'s,
     ``cpu`` and ``gpu-1``; None when no live worker serves any of them."""
@@ -163,7 +178,8 @@ async def predict_image(
     Raises:
         409: no live worker serves a queue that could run it (nothing is stored).
         413: larger than ``max_predict_bytes``. 415: not an image Content-Type.
-        422: an empty body, bytes that are no JPEG/PNG/WebP/BMP, an unknown model.
+        422: an empty body, bytes that are no JPEG/PNG/WebP/BMP (or more pixels than
+            ``max_predict_pixels``), an unknown model.
     """
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind not in IMAGE_TYPES:
@@ -203,6 +219,10 @@ async def predict_image(
         if found != kind:
             raise Problem(422, f"body: the bytes are {'a ' + found if found else 'no JPEG, PNG, WebP or BMP image'}"
                           f", not the {kind} the Content-Type says", field="body")
+        width, height = await anyio.to_thread.run_sync(_image_size, image)
+        if width * height > settings.max_predict_pixels:
+            raise Problem(422, f"body: the image is {width}x{height} pixels, more than "
+                          f"{settings.max_predict_pixels:,} (max_predict_pixels)", field="body")
     except BaseException:
         image.unlink(missing_ok=True)
         for folder in (image.parent, image.parent.parent):

@@ -19,6 +19,14 @@ def _jpeg(w: int = 64, h: int = 48) -> bytes:
     return buf.getvalue()
 
 
+def _png(w: int, h: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (w, h)).save(buf, "PNG")
+    return buf.getvalue()
+
+
 @pytest.fixture
 def cpu_worker(server):
     """A live CPU worker's row, written by the worker's real heartbeat (no thread)."""
@@ -85,6 +93,12 @@ def test_try_it_refuses_what_is_no_small_image(server, sessions, cpu_worker, api
         too_big = b"\xff\xd8\xff" + bytes(api_settings.max_predict_bytes)
         r = _post(c, too_big)
         assert r.status_code == 413 and "max_predict_bytes" in r.json()["detail"], r.text
+        # a few KB that decode to 9000x9000 pixels: refused from the header
+        r = _post(c, _png(9000, 9000), kind="image/png")
+        assert r.status_code == 422 and "9000x9000 pixels" in r.json()["detail"], r.text
+        assert "max_predict_pixels" in r.json()["detail"]
+        r = _post(c, b"\xff\xd8\xff\xe0 a JPEG header, then nothing")
+        assert r.status_code == 422 and "not a readable image" in r.json()["detail"], r.text
         r = _post(c, _jpeg(), conf=2)
         assert r.status_code == 422 and "conf" in r.text, r.text
         r = c.post("/v1/predict", params={"model": "m0123456789abcdef01234567"},
