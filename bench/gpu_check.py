@@ -21,6 +21,12 @@ on one GPU, and checks that would start past :data:`BUDGET_S` are reported as no
 6. ``tensorrt_onnx`` — ``bench/tensorrt_check.py``: a TensorRT engine built from the checked
    ONNX export of yolox-n, its outputs against PyTorch on the GPU (``|trt - torch| / (1 +
    |torch|)`` <= 1e-3, TF32 off); passes as skipped where TensorRT is not installed.
+7. ``gpu_loader`` — ``bench/gpu_loader.py``: img/s of the CPU loader (8 workers) against
+   ``loader=gpu`` (nvjpeg decode, mosaic, affine, mixup, HSV, flips on the GPU), imgsz 640,
+   batch 16; passes when the bench prints its line (the ratio is recorded).
+8. ``profile_loader_cpu`` / ``profile_loader_gpu`` — the profiler on yolo9-t, imgsz 640,
+   batch 16, mosaic + mixup, one loader worker: with the CPU loader the verdict must be
+   ``dataloader``; with ``loader=gpu`` it must be ``compute`` or ``host/launch``.
 
 Writes one JSON report (``--out``, default ``runs/gpu_check/gpu_check.json``: the machine,
 torch, every check with ``ok``, ``seconds`` and its figures) and prints one summary line.
@@ -60,6 +66,7 @@ GPU_TESTS = (
     "tests/engine/test_cuda_graph.py",
     "tests/models/test_yolo9_model.py",
     "tests/data/test_data_loader.py",
+    "tests/data/test_gpu_loader.py",
 )
 
 #: The launch-bound profile: tiny images, one image per step: the GPU idles between kernels.
@@ -71,8 +78,18 @@ LAUNCH_BOUND = {"model": "yolo9-t", "imgsz": 64, "batch": 1, "workers": 2, "amp"
 COMPUTE_BOUND = {"model": "yolo9-s", "imgsz": 1280, "batch": 16, "workers": 8, "amp": False,
                  "warmup": 3, "steps": 8, "images": 192, "cache": "ram", "mosaic": 0.0,
                  "mixup": 0.0, "hsv_prob": 0.0}
-PROFILE_CASES = {"launch_bound": (LAUNCH_BOUND, "host/launch"),
-                 "compute_bound": (COMPUTE_BOUND, "compute")}
+#: loader=gpu (bench/gpu_loader.py): the same mosaic + mixup training profiled with the CPU
+#: loader on one worker (loader-bound) and with loader=gpu, whose worker only reads files
+#: while the GPU decodes and augments: the verdict must leave ``dataloader``.
+LOADER_CPU = {"model": "yolo9-t", "imgsz": 640, "batch": 16, "workers": 1, "amp": True,
+              "warmup": 3, "steps": 10, "images": 224, "loader": "cpu"}
+LOADER_GPU = {**LOADER_CPU, "loader": "gpu"}
+PROFILE_CASES: dict[str, tuple[dict[str, Any], str | tuple[str, ...]]] = {
+    "launch_bound": (LAUNCH_BOUND, "host/launch"),
+    "compute_bound": (COMPUTE_BOUND, "compute"),
+    "loader_cpu": (LOADER_CPU, "dataloader"),
+    "loader_gpu": (LOADER_GPU, ("compute", "host/launch")),
+}
 
 
 def _tail(text: str, n: int = 1500) -> str:
@@ -180,11 +197,30 @@ def profile_case(work: Path, name: str) -> dict[str, Any]:
     with open(log, "w", encoding="utf-8") as fh:
         r = run_trial(data, case["model"], project=work / "profiles", name=name,
                       warmup=case["warmup"], steps=case["steps"], stdout=fh, device="0", **keys)
-    return {"ok": r.verdict == expect, "expect": expect, "verdict": r.verdict,
+    return {"ok": r.verdict in ((expect,) if isinstance(expect, str) else expect),
+            "expect": expect, "verdict": r.verdict,
             "bound_why": r.bound_why, "step_ms": r.step_ms, "img_per_s": r.img_per_s,
             "gpu_util": r.gpu_util, "dataload_frac": r.dataload_frac,
             "reliable": r.reliable, "confidence": r.confidence and r.confidence.to_dict(),
             "case": case, "profile": str(r.profile_path)}
+
+
+def check_gpu_loader(work: Path) -> dict[str, Any]:
+    """``bench/gpu_loader.py`` on the GPU: img/s of the CPU loader (8 workers) and of
+    ``loader=gpu`` (2 file-reading workers), imgsz 640, batch 16, mosaic + mixup; its one line."""
+    cmd = [sys.executable, "bench/gpu_loader.py", "--device", "cuda", "--workers", "8",
+           "--gpu-workers", "2"]  # coco128 when found, else its own synthetic set
+    rc, out, err = _run(cmd, timeout=120)
+    lines = [ln for ln in out.splitlines() if ln.startswith("gpu_loader ")]
+    res: dict[str, Any] = {"ok": rc == 0 and len(lines) == 1, "exit_code": rc,
+                           "line": lines[-1] if lines else None}
+    m = re.search(r"\) ([\d.]+) img/s \| loader=gpu .*?\) ([\d.]+) img/s \(ratio ([\d.]+)x\)",
+                  lines[-1]) if lines else None
+    if m:
+        res.update(cpu_img_s=float(m[1]), gpu_img_s=float(m[2]), ratio=float(m[3]))
+    if not res["ok"]:
+        res["detail"] = _tail(err)
+    return res
 
 
 def check_ddp(work: Path) -> dict[str, Any]:
@@ -223,6 +259,9 @@ def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("profile_compute_bound", lambda: check_profile(work, "compute_bound")),
         ("ddp_nccl", lambda: check_ddp(work)),
         ("tensorrt_onnx", lambda: check_tensorrt(work)),
+        ("gpu_loader", lambda: check_gpu_loader(work)),
+        ("profile_loader_cpu", lambda: check_profile(work, "loader_cpu")),
+        ("profile_loader_gpu", lambda: check_profile(work, "loader_gpu")),
     ]
 
 
@@ -241,6 +280,8 @@ def _summary(report: dict[str, Any]) -> str:
                 for n, r in res.items() if n.startswith("profile_") and "verdict" in r]
     if verdicts:
         parts.append("; ".join(verdicts))
+    if "ratio" in res.get("gpu_loader", {}):
+        parts.append(f"loader=gpu {res['gpu_loader']['ratio']:.2f}x the CPU loader's img/s")
     return "; ".join(parts) + f" -> {report['out']}"
 
 

@@ -27,6 +27,7 @@ from libreyolo_client._client import (
     RETRY_STATUSES,
     TUNE_OPTIONS,
     _Base,
+    _download_target,
     _final,
     _final_deadline,
     _request_of,
@@ -52,6 +53,7 @@ from libreyolo_client._models import (
     Preflight,
     TuneReport,
     boxes_from,
+    exported,
     published,
 )
 from libreyolo_client._sse import SSEvent, aparse_sse
@@ -239,16 +241,57 @@ class AsyncClient(_Base):
                                 headers={"Content-Type": "application/octet-stream",
                                          "Content-Length": str(src.stat().st_size)},
                                 timeout=httpx.Timeout(600.0, connect=10.0))
-        return self._bind(Model.model_validate(r.json()))
+        return Model.model_validate(r.json()).bind(self)
 
     async def models(self) -> list[Model]:
         """See :meth:`Client.models`."""
-        return [self._bind(Model.model_validate(m))
+        return [Model.model_validate(m).bind(self)
                 for m in (await self._json("GET", "/v1/models"))["data"]]
 
     async def model(self, model_id: str) -> Model:
-        """See :meth:`Client.model` (``await model.predict(path)``)."""
-        return self._bind(Model.model_validate(await self._json("GET", f"/v1/models/{model_id}")))
+        """See :meth:`Client.model`."""
+        return Model.model_validate(await self._json("GET", f"/v1/models/{model_id}")).bind(self)
+
+    async def export_model(self, model_id: str, format: str = "onnx", *, wait: bool = True,
+                           timeout: float = 1800.0) -> Model:
+        """See :meth:`Client.export_model` (also ``await model.export("onnx")``)."""
+        model = Model.model_validate(await self._json(
+            "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
+        for text in model.warnings:
+            warnings.warn(text, SubmitWarning, stacklevel=2)
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while wait and not exported(model):
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
+                                  f"{model.onnx.state} after {timeout:g} s")
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+            model = await self.model(model_id)
+        return model
+
+    async def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None,
+                             *, format: str = "pt") -> Path:
+        """See :meth:`Client.download_model`."""
+        info = await self.model(model_id)
+        target, expected = _download_target(self, info, dest, format)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        async with self._http.stream("GET", f"/v1/models/{model_id}/file",
+                                     params={"format": format},
+                                     timeout=httpx.Timeout(30.0, connect=10.0)) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                raise error_from_response(r)
+            with open(part, "wb") as f:
+                async for chunk in r.aiter_bytes():
+                    await asyncio.to_thread(f.write, chunk)
+        if await asyncio.to_thread(_sha256, part) != expected:
+            part.unlink(missing_ok=True)
+            raise ChecksumError(f"model {model_id}: the downloaded bytes differ from sha256 "
+                                f"{expected}")
+        os.replace(part, target)
+        return target
 
     async def delete_model(self, model_id: str) -> None:
         """See :meth:`Client.delete_model`."""
@@ -301,7 +344,7 @@ class AsyncJob:
         """See :meth:`Job.publish`."""
         model = Model.model_validate(await self._client._json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
-            timeout=httpx.Timeout(60.0, connect=10.0)))
+            timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
         deadline = time.monotonic() + timeout
         delay = 0.2
         while wait and not published(model):

@@ -49,6 +49,7 @@ from libreyolo_client._models import (
     TuneReport,
     ValReport,
     boxes_from,
+    exported,
     published,
 )
 from libreyolo_client._progress import EventPrinter
@@ -187,11 +188,6 @@ class _Base:
         if d.is_dir() or os.fspath(dest).endswith(("/", os.sep)):
             return d / name
         return d
-
-    def _bind(self, model: Model) -> Model:
-        """``model`` with this client for :meth:`Model.predict`."""
-        model._client = self
-        return model
 
     def page_url(self, job_id: str) -> str:
         """The job's page in the browser."""
@@ -653,36 +649,81 @@ class Client(_Base):
                           headers={"Content-Type": "application/octet-stream",
                                    "Content-Length": str(total)},
                           timeout=httpx.Timeout(600.0, connect=10.0))
-        return self._bind(Model.model_validate(r.json()))
+        return Model.model_validate(r.json()).bind(self)
 
     def models(self) -> list[Model]:
         """Your registered models, newest first."""
-        return [self._bind(Model.model_validate(m)) for m in self._json("GET", "/v1/models")["data"]]
+        return [Model.model_validate(m).bind(self)
+                for m in self._json("GET", "/v1/models")["data"]]
 
     def model(self, model_id: str) -> Model:
-        """One model (``.predict(path)`` runs it on an image). Raises ``NotFound`` for an
-        unknown id or another user's model."""
-        return self._bind(Model.model_validate(self._json("GET", f"/v1/models/{model_id}")))
+        """One model (``.predict(path)``, ``.export()``, ``.download()`` go through this
+        client). Raises ``NotFound`` for an unknown id or another user's model."""
+        return Model.model_validate(self._json("GET", f"/v1/models/{model_id}")).bind(self)
+
+    def export_model(self, model_id: str, format: str = "onnx", *, wait: bool = True,
+                     timeout: float = 1800.0) -> Model:
+        """Have the service export a model to ONNX on a worker (checked by onnxruntime
+        there); also ``model.export("onnx")``. Idempotent: a model exported already is
+        answered at once, one being exported is not exported twice, a failed export is
+        retried.
+
+        Args:
+            format: ``onnx``.
+            wait: poll until the export is ready (False: return the model as the request
+                answered; ``model.onnx.state`` says where it stands).
+            timeout: seconds to wait.
+
+        Returns:
+            The model; ``model.onnx.info`` holds the check figure (``max_diff``,
+            ``tolerance``), layout, opset, ``sha256`` and ``bytes`` once ready; download
+            the file with ``download_model(model_id, format="onnx")``. A ``warnings``
+            entry says when no worker is online to run it.
+
+        Raises:
+            NotFound: unknown model. Conflict: the model is not ready (still inspecting).
+            ExportFailed: the export failed (its reason). WaitTimeout: not done after
+            ``timeout`` seconds (it goes on on the service).
+        """
+        model = Model.model_validate(self._json(
+            "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
+        for text in model.warnings:
+            warnings.warn(text, SubmitWarning, stacklevel=2)
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while wait and not exported(model):
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
+                                  f"{model.onnx.state} after {timeout:g} s")
+            time.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+            model = self.model(model_id)
+        return model
 
     def delete_model(self, model_id: str) -> None:
         """Delete a model and its file. Raises ``Conflict`` while a queued or running job
         starts from it, ``NotFound`` for an unknown id."""
         self._request("DELETE", f"/v1/models/{model_id}")
 
-    def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None) -> Path:
-        """Download a model's weights file and check its sha256.
+    def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None, *,
+                       format: str = "pt") -> Path:
+        """Download a model's weights file (``format="onnx"``: its ONNX export, see
+        :meth:`export_model`) and check its sha256.
 
         Args:
-            dest: a file path or a folder (default: ``<model name>.pt`` in the current folder).
+            dest: a file path or a folder (default: ``<model name>.pt`` / ``.onnx`` in the
+                current folder).
 
         Raises:
-            NotFound: unknown model. ChecksumError: the bytes differ from the sha256.
+            NotFound: unknown model. Conflict: ``format="onnx"`` and the export is not
+            ready (the detail says its state). ChecksumError: the bytes differ from the
+            sha256.
         """
         info = self.model(model_id)
-        target = self._dest(f"{info.name}.pt", dest)
+        target, expected = _download_target(self, info, dest, format)
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
-        with self._http.stream("GET", f"/v1/models/{model_id}/file",
+        with self._http.stream("GET", f"/v1/models/{model_id}/file", params={"format": format},
                                timeout=httpx.Timeout(30.0, connect=10.0)) as r:
             if r.status_code >= 400:
                 r.read()
@@ -690,12 +731,24 @@ class Client(_Base):
             with open(part, "wb") as f:
                 for chunk in r.iter_bytes():
                     f.write(chunk)
-        if _sha256(part) != info.sha256:
+        if _sha256(part) != expected:
             part.unlink(missing_ok=True)
             raise ChecksumError(f"model {model_id}: the downloaded bytes differ from sha256 "
-                                f"{info.sha256}")
+                                f"{expected}")
         os.replace(part, target)
         return target
+
+
+def _download_target(client: _Base, info: Model, dest: str | os.PathLike[str] | None,
+                     format: str) -> tuple[Path, str]:
+    """``(where a model download goes, the sha256 it must have)`` for ``format`` ``pt`` or
+    ``onnx`` (the export's digest, or ``""`` when it is not ready: the service then
+    answers 409, which is raised before the digest is compared)."""
+    if format not in ("pt", "onnx"):
+        raise ValueError(f"format={format!r}: choose pt or onnx")
+    if format == "onnx":
+        return client._dest(f"{info.name}.onnx", dest), str((info.onnx.info or {}).get("sha256", ""))
+    return client._dest(f"{info.name}.pt", dest), info.sha256
 
 
 def _progress_fn(progress: bool | ProgressFn | None, label: str) -> ProgressFn | None:
@@ -912,7 +965,7 @@ class Job:
         """
         model = Model.model_validate(self._client._json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
-            timeout=httpx.Timeout(60.0, connect=10.0)))
+            timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
         deadline = time.monotonic() + timeout
         delay = 0.2
         while wait and not published(model):

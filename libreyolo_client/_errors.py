@@ -143,6 +143,15 @@ class ChecksumError(LibreYOLOError):
     """A downloaded file's sha256 is not the one the service recorded."""
 
 
+class ExportFailed(LibreYOLOError):
+    """A model's export failed on the service (``model.onnx.error`` says why; exporting
+    again retries). Attributes: ``model_id``, ``reason``."""
+
+    def __init__(self, model_id: str, reason: str):
+        super().__init__(f"model {model_id}: the ONNX export failed: {reason}")
+        self.model_id, self.reason = model_id, reason
+
+
 class WaitTimeout(LibreYOLOError, TimeoutError):
     """``Job.wait(timeout=...)`` ran out of time; the job keeps running on the service."""
 

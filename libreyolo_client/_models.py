@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "Preflight",
-           "published",
+__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker",
+           "OnnxExport", "Preflight", "boxes_from", "exported", "published",
            "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
            "TERMINAL_STATUSES", "boxes_from"]
 
@@ -144,6 +145,19 @@ class DatasetInfo(_Model):
     created_at: datetime | None = None
 
 
+class OnnxExport(_Model):
+    """A model's ONNX export on the service: ``state`` ``none`` (never asked),
+    ``exporting``, ``ready`` or ``failed`` (``error`` says why). ``info`` (ready): the
+    engine's export record: ``max_diff`` (the onnxruntime check's worst
+    ``|ort - torch| / (1 + |torch|)``), ``tolerance``, ``layout``, ``opset``, ``imgsz``,
+    ``check_shape``, and the file's ``sha256`` and ``bytes``."""
+
+    state: str = "none"
+    error: str | None = None
+    info: dict[str, Any] | None = None
+    requested_at: datetime | None = None
+
+
 class Model(_Model):
     """A registered weights file: pass ``id`` as a job's ``model``.
 
@@ -169,14 +183,18 @@ class Model(_Model):
     created_at: datetime | None = None
     state: str = "ready"
     error: str | None = None
+    #: its ONNX export (:meth:`export`)
+    onnx: OnnxExport = Field(default_factory=OnnxExport)
+    #: export only: what may keep the export from running (no live worker)
+    warnings: list[str] = []
+    #: the client that read it (``Client`` or ``AsyncClient``), for :meth:`export`,
+    #: :meth:`download` and :meth:`predict`
+    _client: Any = PrivateAttr(None)
 
     @property
     def model_name(self) -> str:
         """``<family>-<size>``, e.g. ``yolo9-t``."""
         return f"{self.family}-{self.size}"
-
-    #: the client that read it (:meth:`predict` goes through it)
-    _client: Any = PrivateAttr(default=None)
 
     def predict(self, path: Any, **kw: Any) -> Any:
         """The boxes this model finds in the image ``path``, run on a worker:
@@ -186,10 +204,37 @@ class Model(_Model):
         Raises:
             RuntimeError: a model made by hand, not read through a client.
         """
+        return self._bound().predict(self.id, path, **kw)
+
+    def export(self, format: str = "onnx", *, wait: bool = True, timeout: float = 1800.0
+               ) -> Any:
+        """Have the service export this model (``Client.export_model``): returns the model
+        with ``onnx`` ``ready`` (``wait``), or as the request answered. From an
+        ``AsyncClient`` this returns an awaitable.
+
+        Raises:
+            RuntimeError: the model was not read through a client.
+            ExportFailed, WaitTimeout, Conflict: as ``Client.export_model``.
+        """
+        return self._bound().export_model(self.id, format, wait=wait, timeout=timeout)
+
+    def download(self, dest: str | os.PathLike[str] | None = None, format: str = "pt") -> Any:
+        """Download this model's ``.pt`` (or, ``format="onnx"``, its ONNX export) with
+        ``Client.download_model``; from an ``AsyncClient`` an awaitable."""
+        return self._bound().download_model(self.id, dest, format=format)
+
+    def _bound(self) -> Any:
         if self._client is None:
             raise RuntimeError("this Model was not read through a Client: use "
-                               "Client.predict(model_id, path)")
-        return self._client.predict(self.id, path, **kw)
+                               "client.export_model(model_id) / client.download_model(model_id) "
+                               "/ client.predict(model_id, path)")
+        return self._client
+
+    def bind(self, client: Any) -> Model:
+        """This model, remembering ``client`` (what :meth:`export`, :meth:`download` and
+        :meth:`predict` use)."""
+        self._client = client
+        return self
 
 
 class Box(_Model):
@@ -228,6 +273,19 @@ def published(model: Model) -> bool:
         raise ValidationError(422, f"model {model.id}: {model.error or 'inspection failed'}",
                               problem={"field": "job", "model_id": model.id})
     return model.state != "inspecting"
+
+
+def exported(model: Model) -> bool:
+    """True when ``model``'s ONNX export is ready, False while it is still being made.
+
+    Raises:
+        ExportFailed: the export failed (the reason the service recorded).
+    """
+    if model.onnx.state == "failed":
+        from libreyolo_client._errors import ExportFailed
+
+        raise ExportFailed(model.id, model.onnx.error or "no reason recorded")
+    return model.onnx.state == "ready"
 
 
 class TuneRow(_Model):

@@ -1,6 +1,6 @@
 """``libreyolo-service models ...``: the model registry in a terminal.
 
-``upload | list | show | rm | publish | download``. URL and token as for ``jobs`` (``--url``
+``upload | list | show | rm | publish | export | download``. URL and token as for ``jobs`` (``--url``
 / ``--token``, ``LIBREYOLO_URL`` / ``LIBREYOLO_TOKEN``, or what ``up`` saved). Exit codes:
 0 ok, 1 error, 2 invalid request (a refused upload: the message says why).
 """
@@ -70,7 +70,22 @@ def show_text(m: Model) -> str:
         f"params:   {m.params / 1e6:.2f}M", f"imgsz:    {m.imgsz or '—'}",
         f"file:     {format_bytes(m.bytes)}, {m.format or '—'}, sha256 {m.sha256}",
         f"source:   {m.source}", f"created:  {created}",
+        f"onnx:     {_onnx_text(m)}",
         f"train from it: libreyolo-service jobs submit --model {m.id} --data ..."])
+
+
+def _onnx_text(m: Model) -> str:
+    """The ONNX export in one line: its state, and once ready the check figure and size."""
+    o = m.onnx
+    if o.state == "ready" and o.info:
+        return (f"ready, {format_bytes(int(o.info.get('bytes', 0)))}, onnxruntime check max "
+                f"diff {float(o.info.get('max_diff', 0)):.3g} (tolerance "
+                f"{float(o.info.get('tolerance', 0)):g}) (models download {m.id} --format onnx)")
+    if o.state == "failed":
+        return f"failed: {o.error} (models export {m.id} retries)"
+    if o.state == "exporting":
+        return "exporting on a worker"
+    return f"none (models export {m.id})"
 
 
 @models_app.command("show")
@@ -104,12 +119,28 @@ def publish(
     typer.echo(_line(m))
 
 
+@models_app.command("export")
+def export(
+    model_id: Annotated[str, typer.Argument(help="model id")],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait",
+                                       help="wait until the export is ready")] = True,
+    timeout: Annotated[float, typer.Option(help="seconds to wait")] = 1800.0,
+) -> None:
+    """Have a worker export the model to ONNX (checked by onnxruntime); then
+    `models download MODEL --format onnx`."""
+    with _client() as c:
+        m = c.export_model(model_id, "onnx", wait=wait, timeout=timeout)
+    typer.echo(f"onnx:     {_onnx_text(m)}")
+
+
 @models_app.command("download")
 def download(
     model_id: Annotated[str, typer.Argument(help="model id")],
     output: Annotated[str | None, dest_option("-o", "--output")] = None,
+    format: Annotated[str, typer.Option("--format", "-f",
+                                        help="pt (the weights) or onnx (its export)")] = "pt",
 ) -> None:
-    """Download a model's weights file (sha256 checked)."""
+    """Download a model's weights file, or its ONNX export (sha256 checked)."""
     with _client() as c:
-        path = c.download_model(model_id, output)
+        path = c.download_model(model_id, output, format=format)
     typer.echo(str(path))

@@ -197,6 +197,10 @@ class TrainConfig(BaseModel):
     no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
     cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
+    loader: Literal["cpu", "gpu"] = Field(
+        "cpu", description="where training images are decoded and augmented: cpu (loader "
+        "workers, OpenCV) or gpu (workers read file bytes; nvjpeg decode, mosaic, affine, mixup, "
+        "HSV and flips as batched tensor ops on the training device; docs/performance.md)")
     cache_dir: str | None = Field(None, description="folder of the label-scan and disk image caches "
                                   "(by content); None: next to the labels and images")
     # -- precision and speed ---------------------------------------------------------
@@ -270,7 +274,7 @@ class TrainConfig(BaseModel):
             return ",".join(str(int(x)) for x in v)
         return str(v).strip().lower()
 
-    @field_validator("optimizer", "scheduler", mode="before")
+    @field_validator("optimizer", "scheduler", "loader", mode="before")
     @classmethod
     def _lower(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) else v
@@ -357,6 +361,10 @@ class TrainConfig(BaseModel):
                 f"warmup_lr_start={self.warmup_lr_start} exceeds lr0={self.lr0}; "
                 "it must be <= lr0"
             )
+        if self.loader == "gpu" and self.mosaic_buffer:
+            raise ValueError(f"loader=gpu does not support mosaic_buffer={self.mosaic_buffer} (the "
+                             "buffer keeps decoded images in the loader workers; the gpu loader's "
+                             "workers only read files): use mosaic_buffer=0 or loader=cpu")
         if self.profile_then_stop and not self.profile:
             raise ValueError("profile_then_stop=True needs profile=True")
         if self.preflight and self.profile_then_stop:

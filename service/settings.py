@@ -145,6 +145,11 @@ class Settings(BaseSettings):
         120.0, gt=0, description="time limit of the child process that reads an uploaded "
         "weights file (`python -m libreyolo_core.weights inspect`)"
     )
+    export_timeout_s: float = Field(
+        1800.0, gt=0, description="time limit of a registered model's ONNX export on a worker "
+        "(`POST /v1/models/{id}/export`: the engine's `libreyolo export` in a child process, "
+        "checked by onnxruntime); an export started longer ago than this + 60 s reads as failed"
+    )
     max_compression_ratio: float = Field(
         200.0, gt=1, description="inflated/compressed cap per file over 1 MiB and for the whole zip")
     max_zip_members: int = Field(200_000, gt=0, description="files + folders in one dataset zip")

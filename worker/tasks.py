@@ -1,5 +1,6 @@
 """Registers ``run_job`` on the service's Celery app: a thin doorbell over the runner (the
-message names a job, but only wakes the worker: the database picks the job it runs).
+message names a job, but only wakes the worker: the database picks the job it runs); and
+``export_model`` (a registered model's ONNX export, :mod:`worker.model_export`).
 
 ``create_worker_app(settings)`` builds the app; ``python -m worker`` (what
 ``libreyolo-service worker`` starts) runs it with the solo pool: one job at a time per
@@ -17,10 +18,12 @@ from celery import Celery, bootsteps
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from service.db.session import make_engine, make_session_factory
+from service.model_export import EXPORT_TASK_NAME
 from service.queue import TASK_NAME, create_celery, enqueue
 from service.settings import Settings
 from worker import runner
 from worker.heartbeat import Heartbeat, queues_for
+from worker.model_export import export_model
 
 __all__ = ["create_worker_app", "poll_interval_step"]
 
@@ -48,7 +51,7 @@ def poll_interval_step(interval_s: float) -> type[bootsteps.StartStopStep]:
 
 def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
                       name: str | None = None) -> Celery:
-    """The Celery app with ``run_job(job_id)`` registered.
+    """The Celery app with ``run_job(job_id)`` and ``export_model(model_id)`` registered.
 
     Once the worker is ready it writes its ``workers`` row (what queues it serves), renews
     it every ``worker_heartbeat_s`` and sends wake-ups for its queues' multi-node jobs (a
@@ -73,6 +76,12 @@ def create_worker_app(settings: Settings, gpu_ids: Sequence[str] | None = None,
         (:func:`worker.runner.run_next`; none eligible: the message is simply used up)."""
         return runner.run_next(job_id, settings=settings, sessions=sessions,
                                gpu_ids=list(gpu_ids or []), stop=stop, on_requeue=resend)
+
+    @app.task(name=EXPORT_TASK_NAME, ignore_result=True)
+    def export_model_task(model_id: str) -> str:
+        """Export registered model ``model_id`` to ONNX (:func:`worker.model_export.
+        export_model`; nothing waiting: the message is simply used up)."""
+        return export_model(model_id, settings=settings, sessions=sessions)
 
     def on_shutdown(**_: object) -> None:
         stop.set()

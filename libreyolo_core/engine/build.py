@@ -122,7 +122,8 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
     if ddp:
         torch.manual_seed(cfg.seed + dist.rank)
         model = _sync_batchnorm(model, cfg, device, dist, batch, rank_batch)
-    train_set, train_loader, val_loader = _loaders(cfg, train_report, val_report, dist, rank_batch)
+    train_set, train_loader, val_loader = _loaders(cfg, train_report, val_report, dist, rank_batch,
+                                                   device)
 
     loss_fn = family.build_loss(model, cfg)
     if ddp and hasattr(loss_fn, "normalizer_reduce"):
@@ -184,8 +185,9 @@ def _model(cfg: TrainConfig, family: Any, size: str, nc: int, device: torch.devi
 
 
 def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistContext,
-             rank_batch: int) -> tuple[YOLODataset, Any, Any]:
-    """The augmented train set, its loader (each rank its share) and the val loader (or None)."""
+             rank_batch: int, device: torch.device) -> tuple[YOLODataset, Any, Any]:
+    """The augmented train set, its loader (each rank its share; ``loader=gpu``: decoded and
+    augmented on ``device``) and the val loader (or None; always the CPU loader)."""
     train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
                             seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir)
     visible = math.ceil(len(train_set) / dist.world_size)
@@ -193,9 +195,13 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     apply_threads(plan)
     if dist.is_main:
         log.info(plan.describe())
-    train_loader = build_dataloader(train_set, rank_batch, plan.workers, shuffle=True, seed=cfg.seed,
-                                    rank=dist.rank, world_size=dist.world_size,
-                                    drop_last=visible >= rank_batch)
+    if cfg.loader == "gpu":
+        train_loader = _gpu_loader(cfg, train_set, dist, rank_batch, plan.workers, device,
+                                   drop_last=visible >= rank_batch)
+    else:
+        train_loader = build_dataloader(train_set, rank_batch, plan.workers, shuffle=True,
+                                        seed=cfg.seed, rank=dist.rank, world_size=dist.world_size,
+                                        drop_last=visible >= rank_batch)
     if visible < rank_batch and dist.is_main:
         world, per_rank = dist.world_size, " per rank" if dist.world_size > 1 else ""
         log.warning("batch=%d is more than the %d training images%s: every epoch is one partial "
@@ -213,6 +219,27 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
                           cache_dir=cfg.cache_dir)
     return train_set, train_loader, build_dataloader(val_set, rank_batch, min(plan.workers, 2),
                                                      shuffle=False, seed=cfg.seed)
+
+
+def _gpu_loader(cfg: TrainConfig, train_set: YOLODataset, dist: DistContext, rank_batch: int,
+                workers: int, device: torch.device, drop_last: bool) -> Any:
+    """The ``loader=gpu`` training loader (:mod:`libreyolo_core.data.gpu_loader`).
+
+    Raises:
+        ValueError: a device that is neither CUDA nor the CPU (nvjpeg needs CUDA; the CPU
+            runs the same tensor code, for tests and comparisons).
+    """
+    from libreyolo_core.data.gpu_loader import build_gpu_dataloader
+
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"loader=gpu needs a CUDA device (device={device.type!r}); use loader=cpu")
+    if dist.is_main:
+        where = ("nvjpeg and batched tensor ops on " + str(device) if device.type == "cuda" else
+                 "tensor ops on the CPU in the main process (a CPU device: for tests, not speed)")
+        log.info("loader=gpu: %d worker(s) read files; decode and augmentation run as %s",
+                 workers, where)
+    return build_gpu_dataloader(train_set, rank_batch, workers, device, seed=cfg.seed,
+                                rank=dist.rank, world_size=dist.world_size, drop_last=drop_last)
 
 
 def _resolve_batch(cfg: TrainConfig, model: nn.Module, device: torch.device, dist: DistContext,

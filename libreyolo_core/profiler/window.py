@@ -385,6 +385,10 @@ class TrainingProfiler:
     def wrap_loader(self, loader: Iterable) -> Iterator:
         """Yield ``loader``'s batches, timing each blocking ``next()`` as ``step/dataload``.
 
+        In the synced half the device is synchronised before and after ``next()`` (as around
+        every phase), so device work the loader has queued (``loader=gpu``: decode and
+        augmentation) counts as data loading there, not as the next phase's; the unsynced
+        half times what the step waits for.
         Once the window is over the generator passes batches straight through.
         """
         it = iter(loader)
@@ -394,6 +398,8 @@ class TrainingProfiler:
                 return
             if not self.records and self._fetch_start is None:
                 self._start_window()
+            if self.synced:
+                self._sync()  # the previous step's device work is not the loader's
             t0 = time.perf_counter()
             with self._label("dataload"):
                 try:
@@ -405,6 +411,8 @@ class TrainingProfiler:
                                     "include a loader restart",
                                     len(self.records), self.window.total)
                     return
+                if self.synced:
+                    self._sync()
             self._fetch_start = t0
             self._current.dataload_ms += (time.perf_counter() - t0) * 1e3
             yield batch

@@ -21,7 +21,7 @@ import re
 import shutil
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response
@@ -37,20 +37,41 @@ from service.api.model_refs import FAILED, INSPECTING, READY, model_state, model
 from service.api.problems import Problem
 from service.db.models import Job, Model, User, new_id
 from service.lifecycle import ACTIVE, JobStatus
+from service.model_export import EXPORT_FAILED, EXPORT_READY, EXPORTING, onnx_status
 from service.settings import Settings
 from service.storage.models import WeightsRejected, inspect_in_child
 
 log = logging.getLogger(__name__)
 
-__all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "PublishRequest"]
+__all__ = ["router", "publish_router", "ModelPublic", "ModelsPage", "OnnxExport",
+           "PublishRequest", "onnx_public", "serve_onnx"]
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/models", tags=["models"])
 publish_router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such model (or another user's model)"}}
 #: a 422 detail keeps the inspector's reason readable: its first lines, this many characters.
 _DETAIL_CHARS = 600
+
+
+class OnnxExport(BaseModel):
+    """A model's ONNX export as the API shows it."""
+
+    state: Literal["none", "exporting", "ready", "failed"] = Field(
+        "none", description="none (never asked: POST /v1/models/{id}/export); exporting (sent "
+        "to a worker, or running); ready (GET /v1/models/{id}/file?format=onnx); failed "
+        "(error says why; export again to retry)")
+    error: str | None = Field(None, description="why the export failed (state failed)")
+    info: dict[str, Any] | None = Field(
+        None, description="state ready: the engine's export record: max_diff (the "
+        "onnxruntime check's worst |ort - torch| / (1 + |torch|)), tolerance, layout, "
+        "opset, imgsz, check_shape, model, sha256 and bytes of the .onnx file")
+    requested_at: datetime | None = None
+
+
+def onnx_public(model: Model, settings: Settings) -> OnnxExport:
+    """The model's :class:`OnnxExport` (:func:`service.model_export.onnx_status`)."""
+    return OnnxExport.model_validate(onnx_status(model, settings))
 
 
 class ModelPublic(BaseModel):
@@ -76,6 +97,10 @@ class ModelPublic(BaseModel):
                        "placeholders until ready); failed (error says why; publish again to "
                        "retry)")
     error: str | None = Field(None, description="why the inspection failed (state failed)")
+    onnx: OnnxExport = Field(default_factory=OnnxExport,
+                             description="its ONNX export (POST /v1/models/{id}/export)")
+    warnings: list[str] = Field(default_factory=list, description="export only: what may "
+                                "keep the export from running (no live worker)")
 
 
 class ModelsPage(BaseModel):
@@ -107,6 +132,7 @@ OwnedModel = Annotated[Model, Depends(owned_model)]
 def _public(model: Model, settings: Settings) -> ModelPublic:
     out = ModelPublic.model_validate(model)
     out.state, out.error = model_state(model, settings)
+    out.onnx = onnx_public(model, settings)
     return out
 
 
@@ -292,20 +318,28 @@ def get_model(model: OwnedModel, settings: SettingsDep) -> ModelPublic:
     "/{model_id}/file", methods=["GET", "HEAD"], operation_id="models-download",
     responses={**_NOT_FOUND, 200: {"content": {"application/octet-stream": {}}},
                206: {"description": "partial content (Range)"}, 304: {"description": "ETag"},
-               409: {"description": "the model is not ready (inspecting or failed)"}},
+               409: {"description": "the model is not ready (inspecting or failed); "
+                     "format=onnx: the ONNX export is not ready (none, exporting or failed)"}},
 )
 def download_model(
-    model: OwnedModel,
+    model: OwnedModel, settings: SettingsDep,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+    format: Annotated[Literal["pt", "onnx"], Query(
+        description="pt: the weights file; onnx: its ONNX export (POST "
+        "/v1/models/{id}/export first)")] = "pt",
 ) -> Response:
     """Download the model's weights file (``HEAD``: the headers alone), with the rules of
     job artifacts (:mod:`service.api.files`): ``Range`` (206; a stale ``If-Range`` gets the
     whole file), ``ETag`` = the sha256 of the bytes served, ``If-None-Match`` (304),
-    ``X-Content-SHA256``.
+    ``X-Content-SHA256``. ``format=onnx``: its ONNX export, with the same rules.
 
     Raises:
         404: no such model, or its file is missing.
+        409: the model is not ready; ``format=onnx``: its export is not ready (the detail
+            says its state and what to do; ``onnx_state``).
     """
+    if format == "onnx":
+        return serve_onnx(model, settings, if_none_match)
     if model.state != READY:
         raise Problem(409, f"model {model.id} is {model.state}, not ready", state=model.state)
     file = Path(model.path)
@@ -319,10 +353,40 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
 
 
+def serve_onnx(model: Model, settings: Settings, if_none_match: str | None) -> Response:
+    """The model's ``.onnx`` file with the download rules of :func:`service.api.files.
+    serve_file` (Range, ETag = its sha256, If-None-Match).
+
+    Raises:
+        Problem 409: the export is not ready (its state and what to do). 404: the file is
+            missing on the server.
+    """
+    status = onnx_status(model, settings)
+    state = status["state"]
+    if state != EXPORT_READY:
+        what = {"none": "has no ONNX export yet: POST /v1/models/{id}/export first "
+                        "(`model.export(\"onnx\")` in the SDK)",
+                EXPORTING: "is being exported to ONNX: retry when GET /v1/models/{id} says "
+                           "onnx.state ready",
+                EXPORT_FAILED: f"has no ONNX file: its export failed ({status['error']}); "
+                               "export again to retry"}[state]
+        raise Problem(409, f"model {model.id} {what.replace('{id}', model.id)}",
+                      onnx_state=state)
+    file = model_store(settings).onnx_path(model.id)
+    info = status["info"] or {}
+    if not file.is_file():
+        raise Problem(404, f"the ONNX file of model {model.id!r} is missing on the server")
+    recorded = datetime.fromisoformat(info["finished_at"]) if info.get("finished_at") \
+        else model.created_at
+    digest = current_digest(file, RecordedDigest(str(info.get("sha256", "")),
+                                                 int(info.get("bytes", -1)), recorded))
+    return serve_file(file, digest, if_none_match, filename=f"{_safe_name(model.name)}.onnx")
+
+
 @router.delete("/{model_id}", status_code=204, operation_id="models-delete",
                responses={**_NOT_FOUND, 409: {"description": "a queued or running job uses it"}})
-def delete_model(model: OwnedModel, session: SessionDep) -> Response:
-    """Delete a model and its file. Finished jobs that started from it keep their results.
+def delete_model(model: OwnedModel, session: SessionDep, settings: SettingsDep) -> Response:
+    """Delete a model and its files (its ONNX export too). Finished jobs that started from it keep their results.
 
     Raises:
         409: a queued or running job starts from this model (cancel it first).
@@ -333,9 +397,11 @@ def delete_model(model: OwnedModel, session: SessionDep) -> Response:
         raise Problem(409, f"model {model.id} is used by job {busy}, which has not finished",
                       job_id=busy)
     path = Path(model.path)
+    onnx = model_store(settings).onnx_path(model.id)
     session.delete(model)
     session.commit()
-    path.unlink(missing_ok=True)
+    for file in (path, onnx, onnx.with_name(onnx.name + ".json")):
+        file.unlink(missing_ok=True)
     return Response(status_code=204)
 
 

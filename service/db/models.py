@@ -272,3 +272,12 @@ class Model(Base):
     #: answered (the facts above are placeholders then); ``failed`` (``error`` says why)
     state: Mapped[str] = mapped_column(String(16), default="ready", server_default="ready")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: the ONNX export (migration 0011e): None (never asked), ``exporting`` (asked at
+    #: ``onnx_requested_at``, a worker started it at ``onnx_started_at``), ``ready``
+    #: (``<model_root>/<id>.onnx``; ``onnx_info``: the export's facts and check figure),
+    #: ``failed`` (``onnx_error`` says why; exporting again retries)
+    onnx_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    onnx_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    onnx_info: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    onnx_requested_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    onnx_started_at: Mapped[datetime | None] = mapped_column(nullable=True)

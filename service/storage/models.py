@@ -1,4 +1,5 @@
-"""Registered weights files: one folder, ``<model_root>/<model id>.pt``, and the child
+"""Registered weights files: one folder, ``<model_root>/<model id>.pt`` (and the ONNX
+export ``<model id>.onnx`` with its ``.onnx.json`` once made), and the child
 process that reads a file without importing torch into the API process.
 
 Uploads are streamed to ``<model_root>/incoming/<model id>.part`` first; a file that the
@@ -34,6 +35,11 @@ class ModelStore:
     def path(self, model_id: str) -> Path:
         """Final place of a model's file (``<root>/<id>.pt``)."""
         return self.root / f"{model_id}.pt"
+
+    def onnx_path(self, model_id: str) -> Path:
+        """Final place of a model's ONNX export (``<root>/<id>.onnx``; its record beside it,
+        ``<root>/<id>.onnx.json``)."""
+        return self.root / f"{model_id}.onnx"
 
     def incoming(self, model_id: str) -> Path:
         """Where an upload is streamed before it is checked (folder created)."""

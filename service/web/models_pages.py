@@ -1,5 +1,5 @@
 """The models pages: ``/models`` (your registered weights) and ``/models/{id}`` (one model,
-download and delete). Deleting goes through ``DELETE /v1/models/{id}`` (sign-in cookie)."""
+download, ONNX export and delete). Deleting goes through ``DELETE /v1/models/{id}`` (sign-in cookie)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import select
 from service.api.deps import SessionDep, SettingsDep
 from service.api.model_refs import model_state
 from service.db.models import Job, Model
+from service.model_export import onnx_status
 from service.users import owns, visible_to
 from service.web.routes import base_context, page_user, render, to_signin
 
@@ -36,7 +37,8 @@ def models_page(request: Request, session: SessionDep, settings: SettingsDep) ->
 @router.get("/models/{model_id}", response_class=HTMLResponse)
 def model_page(model_id: str, request: Request, session: SessionDep, settings: SettingsDep
                ) -> Response:
-    """One model: what the service read from the file, its jobs, download and delete."""
+    """One model: what the service read from the file, its ONNX export (the button, or
+    the download with the check figure), its jobs, download and delete."""
     user = page_user(request, session, settings)
     if user is None:
         return to_signin(request)
@@ -51,4 +53,5 @@ def model_page(model_id: str, request: Request, session: SessionDep, settings: S
     return render(request, "model.html", {**base_context(request, user, "models"),
                                           "model": model, "jobs": jobs,
                                           "source_job": source_job,
-                                          "state": model_state(model, settings)})
+                                          "state": model_state(model, settings),
+                                          "onnx": onnx_status(model, settings)})
