@@ -32,6 +32,7 @@ from libreyolo_client._errors import (
 )
 from libreyolo_client._models import (
     ArtifactInfo,
+    Box,
     DatasetInfo,
     Event,
     JobInfo,
@@ -53,6 +54,7 @@ __all__ = [
     "AsyncClient",
     "AsyncJob",
     "AuthError",
+    "Box",
     "ChecksumError",
     "Client",
     "Conflict",

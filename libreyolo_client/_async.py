@@ -46,11 +46,13 @@ from libreyolo_client._errors import (
 from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
+    Box,
     Event,
     JobInfo,
     Model,
     Preflight,
     TuneReport,
+    boxes_from,
     exported,
     published,
 )
@@ -178,6 +180,23 @@ class AsyncClient(_Base):
         tune = {k: kw.pop(k) for k in TUNE_OPTIONS if k in kw}
         return await self.submit("tune", model, data, gpus=gpus, params=kw,
                                  tune={k: v for k, v in tune.items() if v is not None}, **opts)
+
+    async def submit_predict(self, model: str, path: str | os.PathLike[str], *,
+                             conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
+                             max_det: int = 300) -> AsyncJob:
+        """See :meth:`Client.submit_predict`."""
+        kw = await asyncio.to_thread(self._predict_request, model, path, conf, iou, imgsz, max_det)
+        r = await self._request("POST", "/v1/predict", **kw)
+        return AsyncJob(self, JobInfo.model_validate(r.json()))
+
+    async def predict(self, model: str, path: str | os.PathLike[str], *, conf: float = 0.25,
+                      iou: float = 0.45, imgsz: int | None = None, max_det: int = 300,
+                      timeout: float | None = 120.0) -> list[Box]:
+        """See :meth:`Client.predict`."""
+        job = await self.submit_predict(model, path, conf=conf, iou=iou, imgsz=imgsz,
+                                        max_det=max_det)
+        await job.wait(timeout)
+        return await job.boxes()
 
     async def job(self, job_id: str) -> AsyncJob:
         """See :meth:`Client.job`."""
@@ -340,6 +359,14 @@ class AsyncJob:
         """See :meth:`Job.artifacts`."""
         page = await self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    async def boxes(self) -> list[Box]:
+        """See :meth:`Job.boxes`."""
+        if not (self.info.result or {}).get("predict"):
+            await self.refresh()
+        names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
+        r = await self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
+        return boxes_from(r.json(), names)
 
     def events(self, after: int = 0, *, follow: bool = True, timeout: float | None = None
                ) -> AsyncIterator[Event]:

@@ -40,6 +40,7 @@ from libreyolo_client._errors import (
 from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
+    Box,
     DatasetInfo,
     Event,
     JobInfo,
@@ -47,6 +48,7 @@ from libreyolo_client._models import (
     Preflight,
     TuneReport,
     ValReport,
+    boxes_from,
     exported,
     published,
 )
@@ -68,6 +70,9 @@ TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_
 #: The job's own options of :meth:`Client.train`, ``profile`` and ``tune`` (every other
 #: keyword is a training key).
 JOB_OPTIONS = ("procs", "nodes", "priority", "time_budget_s", "idempotency_key")
+#: image suffix -> the Content-Type ``POST /v1/predict`` takes
+PREDICT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
+                 ".webp": "image/webp", ".bmp": "image/bmp"}
 EventFn = Callable[[Event], None]
 
 
@@ -146,6 +151,27 @@ class _Base:
         if tune is not None:
             body["tune"] = tune
         return body
+
+    @staticmethod
+    def _predict_request(model: str, path: str | os.PathLike[str], conf: float, iou: float,
+                         imgsz: int | None, max_det: int) -> dict[str, Any]:
+        """The keywords of ``POST /v1/predict`` for the image file ``path``.
+
+        Raises:
+            FileNotFoundError: no such file. ValueError: not a .jpg/.jpeg/.png/.webp/.bmp.
+        """
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise FileNotFoundError(f"image {src} does not exist")
+        kind = PREDICT_TYPES.get(src.suffix.lower())
+        if kind is None:
+            raise ValueError(f"{src}: the service predicts {', '.join(PREDICT_TYPES)} images")
+        params: dict[str, Any] = {"model": model, "name": src.name, "conf": conf, "iou": iou,
+                                  "max_det": max_det}
+        if imgsz is not None:
+            params["imgsz"] = imgsz
+        return {"params": params, "content": src.read_bytes(), "idempotent": False,
+                "headers": {"Content-Type": kind}}
 
     @staticmethod
     def _check(r: httpx.Response) -> httpx.Response:
@@ -329,8 +355,9 @@ class Client(_Base):
                gpus: int | None = None, procs: int = 1, nodes: int = 1, priority: int = 0,
                time_budget_s: float | None = None, idempotency_key: str | None = None,
                params: dict[str, Any] | None = None, tune: dict[str, Any] | None = None) -> Job:
-        """Submit a ``train``, ``profile`` or ``tune`` job; see :meth:`train` and
-        :meth:`tune` (``tune``: a tune job's options).
+        """Submit a ``train``, ``profile``, ``tune`` or ``predict`` job; see :meth:`train`,
+        :meth:`tune` (``tune``: a tune job's options) and :meth:`predict` (a predict job's
+        ``params``: ``conf``, ``iou``, ``imgsz``, ``max_det``, ``split``).
 
         A fresh ``Idempotency-Key`` (or yours) goes with the request and with every retry of
         it, so a retried submit never makes two jobs. When the service warns (no live worker
@@ -421,6 +448,43 @@ class Client(_Base):
                            priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
                            params=params, tune=options)
+
+    def submit_predict(self, model: str, path: str | os.PathLike[str], *, conf: float = 0.25,
+                       iou: float = 0.45, imgsz: int | None = None, max_det: int = 300) -> Job:
+        """Send one image to be predicted on a worker (``POST /v1/predict``, "Try it").
+
+        Args:
+            model: a registered model id (``m...``), ``job:<id>`` (its weights/best.pt),
+                ``job:<id>/<checkpoint>`` or a model name.
+            path: a .jpg, .jpeg, .png, .webp or .bmp file (at most the service's
+                ``max_predict_bytes``, 10 MB by default).
+            conf, iou, imgsz, max_det: the engine's predict keys.
+
+        Returns:
+            The predict :class:`Job` (``queued``); once done, :meth:`Job.boxes` and
+            ``job.download("predict/<file name>")`` (the annotated image).
+
+        Raises:
+            Conflict: no live worker serves a queue that could run it.
+            ValidationError: a bad value, an unknown model, bytes that are no image.
+            APIError: 413 (too large), 415 (not an image type).
+        """
+        r = self._request("POST", "/v1/predict",
+                          **self._predict_request(model, path, conf, iou, imgsz, max_det))
+        return Job(self, JobInfo.model_validate(r.json()))
+
+    def predict(self, model: str, path: str | os.PathLike[str], *, conf: float = 0.25,
+                iou: float = 0.45, imgsz: int | None = None, max_det: int = 300,
+                timeout: float | None = 120.0) -> list[Box]:
+        """The boxes ``model`` finds in the image ``path``: :meth:`submit_predict`, wait
+        (at most ``timeout`` seconds), then :meth:`Job.boxes`.
+
+        Raises:
+            as :meth:`submit_predict`; JobFailed: the job failed; WaitTimeout.
+        """
+        job = self.submit_predict(model, path, conf=conf, iou=iou, imgsz=imgsz, max_det=max_det)
+        job.wait(timeout)
+        return job.boxes()
 
     def job(self, job_id: str) -> Job:
         """The job ``job_id``.
@@ -593,7 +657,8 @@ class Client(_Base):
                 for m in self._json("GET", "/v1/models")["data"]]
 
     def model(self, model_id: str) -> Model:
-        """One model. Raises ``NotFound`` for an unknown id or another user's model."""
+        """One model (``.predict(path)``, ``.export()``, ``.download()`` go through this
+        client). Raises ``NotFound`` for an unknown id or another user's model."""
         return Model.model_validate(self._json("GET", f"/v1/models/{model_id}")).bind(self)
 
     def export_model(self, model_id: str, format: str = "onnx", *, wait: bool = True,
@@ -926,6 +991,19 @@ class Job:
         """Files of the run directory (path, kind, size_bytes; sha256 once finished)."""
         page = self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    def boxes(self) -> list[Box]:
+        """A finished predict job's detections (``predictions.json``) as :class:`Box` es,
+        highest score first (every image of the job together; one image for "Try it").
+
+        Raises:
+            NotFound: no ``predictions.json`` (not a predict job, or not succeeded).
+        """
+        if not (self.info.result or {}).get("predict"):
+            self.refresh()
+        names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
+        r = self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
+        return boxes_from(r.json(), names)
 
     def download(self, path: str = "weights/best.pt", dest: str | os.PathLike[str] | None = None,
                  *, progress: bool | ProgressFn = False) -> Path:

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["ArtifactInfo", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker", "OnnxExport",
-           "Preflight", "exported", "published",
+__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker",
+           "OnnxExport", "Preflight", "boxes_from", "exported", "published",
            "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
-           "TERMINAL_STATUSES"]
+           "TERMINAL_STATUSES", "boxes_from"]
 
 #: statuses a job never leaves.
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -187,14 +187,24 @@ class Model(_Model):
     onnx: OnnxExport = Field(default_factory=OnnxExport)
     #: export only: what may keep the export from running (no live worker)
     warnings: list[str] = []
-    #: the client that read it (``Client`` or ``AsyncClient``), for :meth:`export` and
-    #: :meth:`download`
+    #: the client that read it (``Client`` or ``AsyncClient``), for :meth:`export`,
+    #: :meth:`download` and :meth:`predict`
     _client: Any = PrivateAttr(None)
 
     @property
     def model_name(self) -> str:
         """``<family>-<size>``, e.g. ``yolo9-t``."""
         return f"{self.family}-{self.size}"
+
+    def predict(self, path: Any, **kw: Any) -> Any:
+        """The boxes this model finds in the image ``path``, run on a worker:
+        ``Client.predict(self.id, path, **kw)`` (a ``list[Box]``; with an ``AsyncClient``
+        a coroutine of it).
+
+        Raises:
+            RuntimeError: a model made by hand, not read through a client.
+        """
+        return self._bound().predict(self.id, path, **kw)
 
     def export(self, format: str = "onnx", *, wait: bool = True, timeout: float = 1800.0
                ) -> Any:
@@ -216,13 +226,38 @@ class Model(_Model):
     def _bound(self) -> Any:
         if self._client is None:
             raise RuntimeError("this Model was not read through a Client: use "
-                               "client.export_model(model_id) / client.download_model(model_id)")
+                               "client.export_model(model_id) / client.download_model(model_id) "
+                               "/ client.predict(model_id, path)")
         return self._client
 
     def bind(self, client: Any) -> Model:
-        """This model, remembering ``client`` (what :meth:`export` and :meth:`download` use)."""
+        """This model, remembering ``client`` (what :meth:`export`, :meth:`download` and
+        :meth:`predict` use)."""
         self._client = client
         return self
+
+
+class Box(_Model):
+    """One detection: ``xyxy`` (x1, y1, x2, y2, pixels of the original image), ``conf``
+    (score, 0..1), ``cls`` (class id) and its ``name``."""
+
+    xyxy: tuple[float, float, float, float]
+    conf: float
+    cls: int
+    name: str
+
+
+def boxes_from(predictions: list[dict[str, Any]], names: dict[str, str]) -> list[Box]:
+    """``predictions.json`` (COCO results: ``bbox`` ``[x, y, w, h]``, ``score``,
+    ``category_id``) as :class:`Box` es, highest score first; ``names``: class id (a
+    string) -> name (a predict job's ``result.predict.names``)."""
+    out = []
+    for p in predictions:
+        x, y, w, h = (float(v) for v in p["bbox"])
+        cls = int(p["category_id"])
+        out.append(Box(xyxy=(x, y, x + w, y + h), conf=float(p["score"]), cls=cls,
+                       name=names.get(str(cls), str(cls))))
+    return sorted(out, key=lambda b: -b.conf)
 
 
 def published(model: Model) -> bool:

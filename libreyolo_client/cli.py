@@ -316,7 +316,7 @@ def submit(
     params: Annotated[list[str] | None, typer.Argument(
         help="training keys as key=value, e.g. epochs=10 imgsz=320 batch=16")] = None,
     model: Annotated[str, typer.Option("--model", "-m", help="e.g. yolo9-t")] = "yolo9-t",
-    kind: Annotated[str, typer.Option(help="train, profile or tune")] = "train",
+    kind: Annotated[str, typer.Option(help="train, profile, tune or predict")] = "train",
     gpus: Annotated[int | None, typer.Option(help="0 (CPU), 1, 2, 4 or 8")] = None,
     procs: Annotated[int, typer.Option(help="CPU ranks of a --gpus 0 job (DDP over Gloo)")] = 1,
     nodes: Annotated[int, typer.Option(
@@ -381,7 +381,7 @@ def submit(
 @jobs_app.command("list")
 def list_jobs(
     status: Annotated[str | None, typer.Option(help="e.g. running or queued,running")] = None,
-    kind: Annotated[str | None, typer.Option(help="train, profile or tune")] = None,
+    kind: Annotated[str | None, typer.Option(help="train, profile, tune or predict")] = None,
     limit: Annotated[int, typer.Option(help="at most this many")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
 ) -> None:

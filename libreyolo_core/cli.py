@@ -4,7 +4,7 @@ Commands: ``train``, ``val``, ``predict``, ``export``, ``profile``, ``cfg``, ``c
 ``version``; ``libreyolo help [COMMAND]`` and ``COMMAND --help`` print their help
 (:mod:`libreyolo_core.cli_help`).
 ``--key value`` works like ``key=value``; ``train spec=job.json`` reads a job spec written
-by the service's worker (``kind`` train, profile or tune).
+by the service's worker (``kind`` train, profile, tune or predict).
 
 Exit codes: 0 ok; 1 runtime error; 2 usage or config error (unknown key, bad value);
 3 data error; 4 model / checkpoint error; 143 interrupted by SIGTERM (``last.pt`` saved; a
@@ -136,7 +136,13 @@ def cmd_train(keys: dict[str, Any]) -> int:
         spec_path = Path(keys.pop("spec"))
         spec = JobSpec.read(spec_path)
         if spec.kind not in JOB_KINDS:
-            raise UsageError(f"{spec_path}: kind {spec.kind!r} is not one of train, profile, tune")
+            raise UsageError(f"{spec_path}: kind {spec.kind!r} is not one of {', '.join(JOB_KINDS)}")
+        if spec.kind == "predict":  # a model on images: annotated images, predictions.json
+            from libreyolo_core.predict_job import run_predict_job
+
+            if keys:
+                raise UsageError(f"a predict spec takes no other keys: {', '.join(keys)}")
+            return run_predict_job(spec)
         if spec.kind == "tune":  # several profile trials in this process (profiler/tune.py)
             from libreyolo_core.profiler.tune import run_tune_job
 

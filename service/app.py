@@ -14,7 +14,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
-from service.api import admin, artifacts, datasets, events, health, jobs, model_export, models
+from service.api import (
+    admin,
+    artifacts,
+    datasets,
+    events,
+    health,
+    jobs,
+    model_export,
+    models,
+    predict,
+)
 from service.api.guard import RequestGuard
 from service.api.methods import OptionsMiddleware
 from service.api.outage import install_outage_handler
@@ -122,6 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(model_export.router)
     app.include_router(admin.router)
     app.include_router(models.publish_router)
+    app.include_router(predict.router)
     install_web(app)
     return app
 

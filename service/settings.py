@@ -123,6 +123,14 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(2 << 30, gt=0, description="dataset zip size cap")
     max_uncompressed_bytes: int = Field(8 << 30, gt=0, description="dataset total inflated size cap")
     max_model_bytes: int = Field(1 << 30, gt=0, description="uploaded weights file size cap")
+    max_predict_bytes: int = Field(10 << 20, gt=0, description="'Try it' (POST /v1/predict): "
+                                   "the image size cap")
+    max_predict_pixels: int = Field(40_000_000, gt=0, description="'Try it': the image's "
+                                    "width x height cap (a small file can decode to a huge "
+                                    "image)")
+    predict_time_budget_s: float = Field(
+        120.0, gt=0, description="'Try it' (POST /v1/predict): the time budget of its predict "
+        "job, seconds (the run is stopped and failed after it)")
     max_json_bytes: int = Field(1 << 20, gt=0, description="body cap of every other request "
                                 "(JSON, forms); checked after authentication, before reading")
     max_header_count: int = Field(100, gt=0, description="headers of one request (431 past it)")

@@ -25,7 +25,8 @@ def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
     ``metrics.per_class_AP``), ``data`` (each split's scan: images, boxes, defect
     counts); ``verdict``, ``bound_why``, ``lever`` and ``profile`` after a profile event; ``preflight`` (with its ``actual`` timing) when ``preflight.json``
     exists; for ``kind == "tune"``, ``tune``, ``answer`` and ``recommended_params`` from
-    ``tune.json``."""
+    ``tune.json``; for ``kind == "predict"``, ``predict`` from ``predict.json`` (images,
+    detections, names, files)."""
     end = seen.run_end
     progress = seen.progress
     result: dict[str, Any] = {
@@ -50,6 +51,8 @@ def result_summary(seen: Observed, run_dir: Path, kind: str) -> dict[str, Any]:
     if preflight is not None:
         preflight.pop("trial_dir", None)
         result["preflight"] = {**preflight, "actual": actual_timing(run_dir, end)}
+    if kind == "predict":  # libreyolo_core.predict_job's summary
+        result["predict"] = _read_json(run_dir / "predict.json")
     if kind == "tune":
         tune = _read_json(run_dir / "tune.json")
         if tune is not None:

@@ -417,7 +417,9 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
-    refused = data_refusal(job.data, settings)  # the yaml may have changed since the submit
+    # the yaml may have changed since the submit; a "Try it" image lies in the job's folder
+    refused = None if job.kind == "predict" and store.is_input(job.id, job.data) \
+        else data_refusal(job.data, settings)
     if refused is not None:
         if claim.node_rank:
             return f"node {claim.node_rank}: {refused}"

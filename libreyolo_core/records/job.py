@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 __all__ = ["JOB_KINDS", "JobSpec"]
 
 #: The kinds of job the engine runs.
-JOB_KINDS = ("train", "profile", "tune")
+JOB_KINDS = ("train", "profile", "tune", "predict")
 
 
 class JobSpec(BaseModel):
@@ -29,7 +29,8 @@ class JobSpec(BaseModel):
 
     Attributes:
         kind: ``train``, ``profile`` (a window of real steps, then stop) or ``tune``
-            (several profile trials in one process); absent means ``train``.
+            (several profile trials in one process) or ``predict`` (the model on ``data``'s
+            images: :mod:`libreyolo_core.predict_job`); absent means ``train``.
         model: a model name, a model id or a weights file's path (``None``: the engine's
             default). data: the dataset YAML's path.
         params: training keys (:class:`~libreyolo_core.config.TrainConfig` names); a CPU

@@ -11,7 +11,8 @@ Checked in this order, each before the next is spent on:
    the token lookup is a 503 with ``Retry-After`` (:func:`service.api.outage.outage_response`;
    the app's exception handlers do not see a middleware's errors);
 3. the body is capped per route (413 naming the cap and its setting): a dataset zip
-   ``max_upload_bytes``, a weights file ``max_model_bytes``, anything else (JSON, forms)
+   ``max_upload_bytes``, a weights file ``max_model_bytes``, a "Try it" image
+   ``max_predict_bytes``, anything else (JSON, forms)
    ``max_json_bytes``. A ``Content-Length`` over the cap is refused at once; a body sent
    without one is counted as it arrives and cut at the cap.
 """
@@ -50,6 +51,8 @@ def body_cap(method: str, path: str, settings: Any) -> tuple[int, str]:
         return settings.max_upload_bytes, "max_upload_bytes"
     if method == "POST" and path.rstrip("/") == "/v1/models":
         return settings.max_model_bytes, "max_model_bytes"
+    if method == "POST" and path.rstrip("/") == "/v1/predict":
+        return settings.max_predict_bytes, "max_predict_bytes"
     return settings.max_json_bytes, "max_json_bytes"
 
 

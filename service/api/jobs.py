@@ -30,6 +30,7 @@ from service.api.deps import (
     read_in_thread,
 )
 from service.api.model_refs import describe_model_ref
+from service.api.predict import validate_predict_params
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     JobCreate,
@@ -150,13 +151,17 @@ def submit_job(
     store: StoreDep, request: Request, response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobPublic:
-    """Submit a training, profile or tune job.
+    """Submit a training, profile, tune or predict job.
 
     A ``tune`` job profiles the configuration ``tune.repeat`` times, tries the levers its
     verdict names (those that exist on the device) and recommends a parameter set only
     when it beats the baseline beyond noise; its result holds the table
     (``result.tune``). A train job with ``params.preflight`` first profiles a short window
     and estimates img/s, epoch time, the total time and peak memory (``result.preflight``).
+    A ``predict`` job runs ``model`` on the images of a dataset (``data``; its
+    ``params.split``, default ``val``) and keeps the annotated images (``predict/...``)
+    and ``predictions.json`` as artifacts; its ``params`` are ``conf``, ``iou``, ``imgsz``,
+    ``max_det`` and ``split`` (:mod:`service.api.predict`; one image: ``POST /v1/predict``).
 
     ``model`` is a name (``yolo9-t``), one of your registered models (its id, ``m...``;
     see ``/v1/models``) or a checkpoint artifact of one of your earlier jobs,
@@ -193,7 +198,8 @@ def submit_job(
             response.status_code = 200
             return job_public(existing, session=session, settings=settings)
     model, family = resolve_model(session, user, store, body.model)
-    params = validate_params(body, gpus, family)
+    params = validate_predict_params(body, gpus) if body.kind == "predict" else \
+        validate_params(body, gpus, family)
     data = resolve_data(session, user, body.data, settings.check_data_paths, settings)
     if family is None:
         model = resolve_config({"model": body.model}).model

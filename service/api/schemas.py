@@ -22,7 +22,7 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 MAX_PATH_CHARS = 4096
 
 #: What a job does.
-JobKind = Literal["train", "profile", "tune"]
+JobKind = Literal["train", "profile", "tune", "predict"]
 
 
 class TuneOptionsIn(BaseModel):
@@ -52,9 +52,10 @@ class JobCreate(BaseModel):
         "params": {"epochs": 10, "batch": 16, "imgsz": 320}, "gpus": 1,
     }]})
 
-    kind: JobKind = Field("train", description="train, profile, or tune (profile the "
+    kind: JobKind = Field("train", description="train, profile, tune (profile the "
                           "configuration, try the levers its verdict names, recommend only "
-                          "gains beyond noise)")
+                          "gains beyond noise), or predict (run the model on the dataset's "
+                          "params.split: annotated images and predictions.json)")
     model: str = Field(..., max_length=500, pattern=NO_CONTROL, description="model name <family>-<size>, e.g. "
                        "yolo9-t, a registered model id (m...), or a checkpoint of an "
                        "earlier job: job:<id>/weights/best.pt")
@@ -62,7 +63,8 @@ class JobCreate(BaseModel):
                       description="dataset id (d...) or a dataset yaml path the "
                       "workers can read")
     params: dict[str, Any] = Field(default_factory=dict,
-                                   description="training keys (see libreyolo_core TrainConfig)")
+                                   description="training keys (see libreyolo_core TrainConfig); "
+                                   "a predict job's: conf, iou, imgsz, max_det, split")
     gpus: int | None = Field(None, strict=True, description="GPUs: 0 (CPU job), 1, 2, 4 or 8; default from "
                              "the server settings")
     procs: int = Field(1, ge=1, le=64, strict=True, description="CPU ranks (Gloo) of a gpus=0 job")
@@ -131,7 +133,8 @@ class JobPublic(BaseModel):
         None, description="on success: final status, best_epoch, metrics, verdict (profile); "
         "a train job with params.preflight: preflight (the estimate, and the actual times "
         "once it ends); a tune job: tune (the table, recommended, recommended_params, "
-        "answer, expected_epoch_s), also when cancelled (what was measured)")
+        "answer, expected_epoch_s), also when cancelled (what was measured); a predict "
+        "job: predict (images, detections, names, files: the annotated images)")
     error: dict[str, Any] | None = Field(
         None, description="on failure: reason, exit_code, log_tail")
     created_at: datetime

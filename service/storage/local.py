@@ -64,6 +64,15 @@ class ArtifactStore:
             return "resuming from last.pt"
         return "starting again (no last.pt yet)"
 
+    def input_dir(self, job_id: str) -> Path:
+        """``<job dir>/input``: the image a "Try it" predict job reads (``POST /v1/predict``;
+        outside the run dir, so it is no artifact)."""
+        return self.job_dir(job_id) / "input"
+
+    def is_input(self, job_id: str, path: str | Path) -> bool:
+        """True when ``path`` (symlinks resolved) lies in the job's :meth:`input_dir`."""
+        return Path(path).resolve().is_relative_to(self.input_dir(job_id).resolve())
+
     def log_path(self, job_id: str) -> Path:
         """The engine's stdout+stderr, ``<job dir>/train.log``."""
         return self.job_dir(job_id) / "train.log"
