@@ -272,7 +272,8 @@ def cmd_export(keys: dict[str, Any]) -> int:
     if as_json:
         print(json.dumps(result.to_dict()))
     else:
-        print(f"exported {result.path} ({result.layout} layout, opset {result.opset}); "
+        slim = f", simplified by {result.simplified}" if result.simplified else ""
+        print(f"exported {result.path} ({result.layout} layout, opset {result.opset}{slim}); "
               f"onnxruntime check: max diff {result.max_diff:.3g} (tolerance {result.tolerance:g})")
     return EXIT_OK
 

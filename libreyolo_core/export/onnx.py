@@ -304,9 +304,10 @@ def export_onnx(
     result = ExportResult(str(path), "onnx", model_name, imgsz, dynamic, half, opset, layout,
                           outputs, max_diff, tolerance, list(check.shape), simplified,
                           round(time.perf_counter() - t0, 3))
-    log.info("export: %s -> %s (%s layout, opset %d%s%s); onnxruntime check on %s: max diff "
+    log.info("export: %s -> %s (%s layout, opset %d%s%s%s); onnxruntime check on %s: max diff "
              "%.3g (tolerance %g)", model_name, path, layout, opset, ", dynamic" if dynamic else "",
-             ", fp16" if half else "", "x".join(map(str, check.shape)), max_diff, tolerance)
+             ", fp16" if half else "", f", simplified by {simplified}" if simplified else "",
+             "x".join(map(str, check.shape)), max_diff, tolerance)
     return result
 
 
