@@ -27,7 +27,9 @@ import time
 import warnings
 from pathlib import Path
 
-COCO128 = Path("/work/shared/datasets/coco128")
+#: ``$COCO128``, else ``shared/datasets/coco128`` beside the checkout
+COCO128 = Path(os.environ.get("COCO128", Path(__file__).resolve().parents[2] / "shared" / "datasets"
+                              / "coco128"))
 
 
 def measure(report, imgsz: int, batch: int, n_batches: int, workers: int, aug) -> float:

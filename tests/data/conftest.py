@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 from data_helpers import make_yolo_dataset, writable_copy
 
-COCO128 = Path("/work/shared/datasets/coco128")
+#: ``$COCO128``, else ``shared/datasets/coco128`` beside the checkout (as tests/conftest.py)
+COCO128 = Path(os.environ.get("COCO128", Path(__file__).resolve().parents[3] / "shared" / "datasets"
+                              / "coco128"))
 
 
 @pytest.fixture
@@ -25,7 +28,7 @@ def yolo_dataset(tmp_path: Path) -> Callable[..., Path]:
 def coco128_ro() -> Path:
     """The shared coco128 folder (read-only: never write into it)."""
     if not (COCO128 / "coco128.yaml").is_file():
-        pytest.skip("coco128 not available at /work/shared/datasets/coco128")
+        pytest.skip(f"coco128 not available at {COCO128} (set COCO128=path/to/coco128)")
     return COCO128
 
 
