@@ -228,19 +228,27 @@ def old_samples(ds: YOLODataset, epochs: int = EPOCHS):
 # ---------------------------------------------------------------- tests
 @pytest.mark.parametrize("recipe", ["base", "yolo9"])
 def test_same_seed_same_boxes_nearly_same_pixels(report, recipe) -> None:
-    """Per sample: identical boxes; < 0.1 % of pixel values differ (cv2's 1/32-px warp
-    coordinate rounding can fall the other way when the matrix is composed differently)."""
+    """Per sample: identical boxes; pixel values equal up to rounding: < 0.1 % of them
+    differ by more than one grey level, and the mean absolute difference is < 0.1 level.
+
+    cv2's 1/32-px warp coordinates and its colour conversions round the last bit either way
+    when the matrix is composed differently. With OpenCV 4.x under 0.01 % of the values
+    differed at all; OpenCV 5.1 (2026-12) rounds more of them the other way: 5.5 % (base
+    recipe) and 3.3 % (yolo9) differ, all by one level except 5e-6 of them (at most 3)."""
     ds = YOLODataset(report, S, augment=True, aug=RECIPES[recipe], seed=1)
-    differing = total = 0
+    beyond_one = total = 0
+    abs_sum = 0.0
     for i in range(0, len(ds), 8):
         ds.set_epoch(3)
         image, labels, _ = ds[i]
         ref_img, ref_lab = reference_sample(ds, i, 3)
         np.testing.assert_allclose(labels.numpy(), ref_lab, atol=1e-3)
         diff = np.abs(image.permute(1, 2, 0).numpy().astype(np.int16) - ref_img)
-        differing += int((diff > 0).sum())
+        beyond_one += int((diff > 1).sum())
+        abs_sum += float(diff.sum())
         total += diff.size
-    assert differing / total < 1e-3, differing / total
+    assert beyond_one / total < 1e-3, beyond_one / total
+    assert abs_sum / total < 0.1, abs_sum / total
 
 
 @pytest.mark.parametrize("recipe", ["base", "yolo9"])
