@@ -123,7 +123,7 @@ def test_training_build_logs_the_choice_once_and_caps_threads(tmp_path: Path, ca
     threads = torch.get_num_threads()
     try:
         with caplog.at_level(logging.INFO, logger="libreyolo_core.engine.build"):
-            _, loader, val = _loaders(cfg, report, report, DistContext(), 2)
+            _, loader, val = _loaders(cfg, report, report, DistContext(), 2, torch.device("cpu"))
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loader:")]
         assert len(lines) == 1, lines
         want = plan_workers(-1, 1, current_threads=threads)
