@@ -63,7 +63,10 @@ def test_a_stopped_workers_engine_is_fenced_off_on_another_host(make_settings, s
     from service.reaper import reap_once
     from service.storage import ArtifactStore
 
-    data = generate_sample_dataset(tmp_path / "sample", n_train=8, n_val=2, imgsz=64)
+    # attempt 1 must still be training when attempt 2 raises the fence (the lease, the
+    # reaper and worker B's start take ~8 s): 12 steps an epoch, 20 epochs. With 2 steps an
+    # epoch a quiet machine finished all 12 epochs first and attempt 2 found nothing to do.
+    data = generate_sample_dataset(tmp_path / "sample", n_train=48, n_val=2, imgsz=64)
     settings = make_settings(sqlite_url, engine_command=None, lease_s=4, heartbeat_s=0.5,
                              poll_interval_s=0.1, grace_s=5)
     engine = make_engine(settings.database_url)
@@ -72,7 +75,7 @@ def test_a_stopped_workers_engine_is_fenced_off_on_another_host(make_settings, s
     with sessions() as s:
         owner = s.query(User).filter_by(name=name).one().id
     job_id = queued_job(sessions, owner, data=str(data), procs=1,
-                        params={"epochs": 12, "imgsz": 64, "batch": 4, "workers": 0,
+                        params={"epochs": 20, "imgsz": 64, "batch": 4, "workers": 0,
                                 "val": False})
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "LIBREYOLO_HOME": str(settings.home), "LIBREYOLO_DATABASE_URL": sqlite_url,
@@ -131,7 +134,7 @@ def test_a_stopped_workers_engine_is_fenced_off_on_another_host(make_settings, s
         a_last = max(e["epoch"] for e in first if e["event"] == "epoch_end")
         b_first = min(e["epoch"] for e in second if e["event"] == "progress")
         ends = [e["epoch"] for e in second if e["event"] == "epoch_end"]
-        assert b_first == a_last + 1 and ends == list(range(b_first, 13)), (a_last, b_first, ends)
+        assert b_first == a_last + 1 and ends == list(range(b_first, 21)), (a_last, b_first, ends)
         print(f"SIGSTOP past the lease: attempt {job.attempt} (infrastructure retry "
               f"{job.infra_retries}; max_attempts untouched); attempt 1's engine trained on to "
               f"epoch {a_last} and was fenced off, attempt 2 resumed at epoch {b_first}: 0 "
