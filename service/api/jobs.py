@@ -17,7 +17,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from libreyolo_core.config import resolve_config
+from libreyolo_core.config import ConfigError, resolve_config
 from service import job_store
 from service.api.deps import (
     OWNED_JOB_ERRORS,
@@ -29,7 +29,7 @@ from service.api.deps import (
     owned_or_404,
     read_in_thread,
 )
-from service.api.model_refs import describe_model_ref
+from service.api.model_refs import OTHER_MODEL_FORMS, describe_model_ref
 from service.api.predict import validate_predict_params
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
@@ -202,7 +202,11 @@ def submit_job(
         validate_params(body, gpus, family)
     data = resolve_data(session, user, body.data, settings.check_data_paths, settings)
     if family is None:
-        model = resolve_config({"model": body.model}).model
+        try:
+            model = resolve_config({"model": body.model}).model
+        except ConfigError as exc:  # a predict job's unknown model (train's: validate_params)
+            raise Problem(422, f"model: {exc}. {OTHER_MODEL_FORMS}", field="model",
+                          value=body.model) from None
     live = live_queues(session, settings.worker_ttl_s)
     warnings = []
     if not live.get(queue_for(gpus)):

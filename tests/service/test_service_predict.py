@@ -66,6 +66,10 @@ def test_predict_job_params_are_checked(server, sessions, data_yaml):
         assert "one device" in bad.json()["detail"]
         bad = c.post("/v1/jobs", json=base | {"data": "/etc/passwd"})
         assert bad.status_code == 422 and bad.json()["field"] == "data", bad.text
+        # an unknown model is a 422 naming it, as for a train job (it was a 500)
+        bad = c.post("/v1/jobs", json=base | {"model": "mnope"})
+        assert bad.status_code == 422 and bad.json()["field"] == "model", bad.text
+        assert "unknown model 'mnope'" in bad.json()["detail"] and "job:" in bad.json()["detail"]
 
 
 def test_try_it_without_a_live_worker_is_refused_at_once(server, sessions):
