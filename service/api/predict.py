@@ -2,7 +2,8 @@
 ("Try it": one image, one small predict job).
 
 A predict job runs a model (a registered model id, ``job:<id>`` or a checkpoint of an
-earlier job, or a model name) on images on a worker (the API process never imports torch):
+earlier job, or a base model name such as ``yolo9-t``) on images on a worker (the API
+process never imports torch):
 the engine's :mod:`libreyolo_core.predict_job` writes the annotated images
 (``predict/<image>``), ``predictions.json`` (COCO results) and ``predict.json`` (the summary
 the job's ``result.predict`` holds: images, detections, class names, files).
@@ -159,7 +160,8 @@ async def predict_image(
     store: StoreDep, response: Response,
     model: Annotated[str, Query(min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$",
                                 description="a registered model id (m...), job:<id> (its "
-                                "weights/best.pt), job:<id>/<checkpoint>, or a model name")],
+                                "weights/best.pt), job:<id>/<checkpoint>, or a base model "
+                                "name such as yolo9-t (untrained)")],
     name: Annotated[str, Query(max_length=200, description="the image's file name (the "
                                "annotated artifact is predict/<name>)")] = "image",
     conf: Annotated[float, Query(ge=0, le=1)] = 0.25,
