@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from libreyolo_core.data import gpu_augment as G
 from libreyolo_core.data.dataset import YOLODataset
 from libreyolo_core.data.gpu_plan import EncodedBatch, EncodedDataset, collate_encoded
-from libreyolo_core.data.loader import Batch, YOLODataLoader, seed_worker
+from libreyolo_core.data.loader import Batch, YOLODataLoader, check_loader_args, seed_worker
 from libreyolo_core.data.workers import usable_cpus
 
 __all__ = ["GPUAugmenter", "GPULoader", "build_gpu_dataloader"]
@@ -251,12 +251,7 @@ def build_gpu_dataloader(dataset: YOLODataset, batch_size: int, workers: int, de
         ValueError: a non-augmenting dataset, a mosaic buffer, ``batch_size < 1``,
             ``workers < 0`` or a rank outside ``[0, world_size)``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    if workers < 0:
-        raise ValueError(f"workers={workers} must be >= 0")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    check_loader_args(batch_size, workers, rank, world_size)
     encoded = EncodedDataset(dataset)
     workers = min(workers, usable_cpus())
     sampler: DistributedSampler[int] = DistributedSampler(encoded, num_replicas=world_size, rank=rank,

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from libreyolo_core.data.workers import single_threaded_cv2, usable_cpus
 
-__all__ = ["Batch", "YOLODataLoader", "build_dataloader", "collate", "seed_worker"]
+__all__ = ["Batch", "YOLODataLoader", "build_dataloader", "check_loader_args", "collate", "seed_worker"]
 
 
 @dataclass
@@ -124,6 +124,21 @@ class YOLODataLoader(DataLoader):
             return super()._get_iterator()
 
 
+def check_loader_args(batch_size: int, workers: int, rank: int, world_size: int) -> None:
+    """The arguments every training loader shares (CPU and ``loader=gpu``).
+
+    Raises:
+        ValueError: ``batch_size < 1``, ``workers < 0``, or ``rank`` not in
+            ``[0, world_size)``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    if workers < 0:
+        raise ValueError(f"workers={workers} must be >= 0")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+
+
 def build_dataloader(
     dataset: Dataset,
     batch_size: int,
@@ -158,12 +173,7 @@ def build_dataloader(
         ValueError: ``batch_size < 1``, ``workers < 0``, ``rank`` not in
             ``[0, world_size)``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    if workers < 0:
-        raise ValueError(f"workers={workers} must be >= 0")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    check_loader_args(batch_size, workers, rank, world_size)
     workers = min(workers, usable_cpus())
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
