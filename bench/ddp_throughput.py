@@ -41,7 +41,7 @@ def epoch2_images_per_s(nproc: int, data: Path, args: argparse.Namespace, device
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-        rows = list(csv.DictReader(open(Path(project) / "bench" / "results.csv")))
+        rows = list(csv.DictReader((Path(project) / "bench" / "results.csv").read_text().splitlines()))
         images = 128 // args.batch * args.batch  # drop_last
         return images / float(rows[-1]["epoch_time_s"])
 

@@ -74,7 +74,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     done.set()
     pf = res["preflight"]
-    rows = list(csv.DictReader(open(project / "run" / "results.csv", encoding="utf-8")))
+    rows = list(csv.DictReader((project / "run" / "results.csv").read_text(encoding="utf-8").splitlines()))
     train = [float(r["epoch_time_s"]) for r in rows]
     val = [float(r["val_time_s"]) for r in rows if r["validated"] == "1"]
     aug = max(args.epochs - args.no_aug_epochs, 0)

@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
                "LIBREYOLO_CHECK_DATA_PATHS": "false"}
         api = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
                                env=env, cwd=tmp, stdout=subprocess.DEVNULL,
-                               stderr=open(tmp / "api.log", "wb"))
+                               stderr=open(tmp / "api.log", "wb"))  # noqa: SIM115 - the child writes it until killed
         procs: list[mp.Process] = []
         try:
             def healthy() -> bool:

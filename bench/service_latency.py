@@ -288,7 +288,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
         sessions = make_session_factory(engine)
         worker = subprocess.Popen([sys.executable, "-m", "worker", "--cpu", "--loglevel",
                                    "WARNING"], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
-                                  stderr=open(tmp / "worker.log", "wb"))
+                                  stderr=open(tmp / "worker.log", "wb"))  # noqa: SIM115 - the child writes it until killed
         read_job = ""
         try:
             for n_procs in procs_list:
@@ -296,7 +296,7 @@ def run_backend(kind: str, procs_list: list[int], jobs: int, requests: int, conc
                 url = f"http://127.0.0.1:{port}"
                 api = subprocess.Popen(_serve_argv(port, n_procs), env=env, cwd=tmp,
                                        stdout=subprocess.DEVNULL,
-                                       stderr=open(tmp / f"api{n_procs}.log", "wb"))
+                                       stderr=open(tmp / f"api{n_procs}.log", "wb"))  # noqa: SIM115 - as above
                 try:
                     def healthy(url: str = url) -> bool:
                         try:

@@ -78,7 +78,7 @@ def run_ultralytics(
     if arch is None:
         return float("nan")
     with tempfile.TemporaryDirectory() as project:
-        cfg = yaml.safe_load(open(data))
+        cfg = yaml.safe_load(Path(data).read_text())
         cfg["path"] = str(Path(data).parent.resolve())
         abs_yaml = Path(project) / "data.yaml"
         abs_yaml.write_text(yaml.safe_dump(cfg))
@@ -117,7 +117,7 @@ def run_one(data: Path, model: str, imgsz: int, batch: int, workers: int) -> tup
                              text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{model}@{imgsz} failed:\n{out.stderr[-3000:]}")
-        rows = list(csv.DictReader(open(Path(project) / "bench" / "results.csv")))
+        rows = list(csv.DictReader((Path(project) / "bench" / "results.csv").read_text().splitlines()))
         epoch_time = float(rows[-1]["epoch_time_s"])
         n_images = 128 // batch * batch  # drop_last
         peak = float(next(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("PEAK")))

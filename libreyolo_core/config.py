@@ -258,9 +258,12 @@ class TrainConfig(BaseModel):
     def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         """``epochs=True`` is not one epoch: true/false where a number is expected is
         refused (pydantic's lax mode would read it as 1/0)."""
-        if isinstance(v, bool) and info.field_name is not None:
-            if cls.model_fields[info.field_name].annotation in _NUMBERS:
-                raise ValueError("should be a number, not true/false")
+        if (
+            isinstance(v, bool)
+            and info.field_name is not None
+            and cls.model_fields[info.field_name].annotation in _NUMBERS
+        ):
+            raise ValueError("should be a number, not true/false")
         return v
 
     @field_validator("model", mode="before")

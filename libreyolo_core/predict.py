@@ -65,18 +65,7 @@ def _from_path(p: Path) -> list[Source]:
         if _is_video(p):
             return [Source("video", p)]
         if p.suffix.lower() == ".txt":
-            out = []
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-                line = line.split("#", 1)[0].strip()
-                if not line:
-                    continue
-                q = Path(line) if Path(line).is_absolute() else p.parent / line
-                if not q.is_file():
-                    raise FileNotFoundError(f"{p}:{n}: {line} not found")
-                out.append(Source("video" if _is_video(q) else "image", q))
-            if not out:
-                raise FileNotFoundError(f"list file {p} names no files")
-            return out
+            return _from_list_file(p)
         return [Source("image", p)]
     text = str(p)
     if any(ch in text for ch in "*?["):
@@ -86,6 +75,27 @@ def _from_path(p: Path) -> list[Source]:
             raise FileNotFoundError(f"no images or videos match {text}")
         return [Source("video" if _is_video(h) else "image", h) for h in hits]
     raise FileNotFoundError(f"image source not found: {p}")
+
+
+def _from_list_file(p: Path) -> list[Source]:
+    """The files a ``.txt`` list names, one a line (``#`` starts a comment; a relative path
+    is relative to the list's folder).
+
+    Raises:
+        FileNotFoundError: a named file that does not exist (``<list>:<line>``), or no file.
+    """
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        q = Path(line) if Path(line).is_absolute() else p.parent / line
+        if not q.is_file():
+            raise FileNotFoundError(f"{p}:{n}: {line} not found")
+        out.append(Source("video" if _is_video(q) else "image", q))
+    if not out:
+        raise FileNotFoundError(f"list file {p} names no files")
+    return out
 
 
 def expand_source(source: Any) -> list[Source]:

@@ -162,24 +162,28 @@ def _resolve_root(value: Any, yaml_path: Path, err: Any) -> Path:
     return root
 
 
-def _parse_names(value: Any, err: Any) -> dict[int, str]:
+def _name_items(value: Any, err: Any) -> list[tuple[int, Any]]:
+    """``names`` as sorted ``(class id, name)`` pairs, from a list or an ``{id: name}`` map."""
     if value is None:
         raise err("names", "missing (a list of class names or a {id: name} map)")
     if isinstance(value, list):
-        items = list(enumerate(value))
-    elif isinstance(value, dict):
-        items = []
-        for k, v in value.items():
-            try:
-                if isinstance(k, bool) or (isinstance(k, float) and not k.is_integer()):
-                    raise ValueError
-                kid = int(k)
-            except (TypeError, ValueError):
-                raise err("names", f"class id {k!r} is not an integer") from None
-            items.append((kid, v))
-        items.sort()
-    else:
+        return list(enumerate(value))
+    if not isinstance(value, dict):
         raise err("names", f"must be a list or an {{id: name}} map, got {type(value).__name__}")
+    items = []
+    for k, v in value.items():
+        try:
+            if isinstance(k, bool) or (isinstance(k, float) and not k.is_integer()):
+                raise ValueError
+            kid = int(k)
+        except (TypeError, ValueError):
+            raise err("names", f"class id {k!r} is not an integer") from None
+        items.append((kid, v))
+    return sorted(items)
+
+
+def _parse_names(value: Any, err: Any) -> dict[int, str]:
+    items = _name_items(value, err)
     if not items:
         raise err("names", "is empty")
     ids = [i for i, _ in items]

@@ -196,13 +196,7 @@ class GPULoader:
         stop = threading.Event()
 
         def put(item: tuple[str, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+            return _put_unless_stopped(q, item, stop)
 
         def produce() -> None:
             try:
@@ -232,6 +226,19 @@ class GPULoader:
             thread.join(timeout=120)
             if thread.is_alive():
                 log.warning("loader=gpu: the prefetch thread did not stop within 120 s")
+
+
+def _put_unless_stopped(q: queue.Queue[tuple[str, Any]], item: tuple[str, Any],
+                        stop: threading.Event) -> bool:
+    """Put ``item`` on the full-able queue ``q``, retrying every 0.1 s; ``False`` (not put) once
+    ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def build_gpu_dataloader(dataset: YOLODataset, batch_size: int, workers: int, device: torch.device | str,

@@ -141,43 +141,8 @@ def plan_sample(ds: YOLODataset, i: int) -> SamplePlan:
     h, s = ds.aug, ds.imgsz
     mosaic_on = ds.mosaic_enabled
     use_mosaic = mosaic_on and h.mosaic > 0 and rng.random() < h.mosaic
-    ratio, hsv = 1.0, None
-    if not use_mosaic:
-        layer, lab = _letterbox_layer(ds, i)
-        layers = [layer]
-        if mosaic_on and h.mixup > 0 and rng.random() < h.mixup:
-            layer2, lab2 = _letterbox_layer(ds, int(rng.integers(0, len(ds))))
-            ratio = float(rng.beta(32.0, 32.0))  # A.mixup's one draw
-            layers.append(layer2)
-            lab = np.concatenate([lab, lab2], 0).astype(np.float32)
-        if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
-            hsv = A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v)
-        ud = h.flipud > 0 and rng.random() < h.flipud
-        lr = h.fliplr > 0 and rng.random() < h.fliplr
-        flip = A.flip_matrix(s, lr, ud)
-        for layer in layers:
-            layer.m = flip @ layer.m
-        if ud:  # A.flipud's box rule
-            lab[:, [2, 4]] = s - lab[:, [4, 2]]
-        if lr:  # A.fliplr's box rule
-            lab[:, [1, 3]] = s - lab[:, [3, 1]]
-    else:
-        plan = ds._mosaic_plan(i, rng)
-        plan2 = None
-        if h.mixup > 0 and rng.random() < h.mixup:
-            plan2 = ds._mosaic_plan(int(rng.integers(0, len(ds))), rng)
-            ratio = float(rng.beta(32.0, 32.0))
-        if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
-            hsv = A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v)
-        ud = h.flipud > 0 and rng.random() < h.flipud
-        lr = h.fliplr > 0 and rng.random() < h.fliplr
-        flip = A.flip_matrix(s, lr, ud)
-        layer, lab = _mosaic_layer(ds, plan, flip)
-        layers = [layer]
-        if plan2 is not None:
-            layer2, lab2 = _mosaic_layer(ds, plan2, flip)
-            layers.append(layer2)
-            lab = np.concatenate([lab, lab2], 0).astype(np.float32)
+    branch = _mosaic_draws if use_mosaic else _letterbox_draws
+    layers, lab, ratio, hsv = branch(ds, i, rng)
     if hsv is not None and not any(hsv):
         hsv = None  # A.apply_hsv returns the image untouched
     keep = (lab[:, 3] - lab[:, 1] > MIN_BOX_SIDE) & (lab[:, 4] - lab[:, 2] > MIN_BOX_SIDE)
@@ -187,6 +152,59 @@ def plan_sample(ds: YOLODataset, i: int) -> SamplePlan:
     meta = {"path": str(rec.im_file), "orig_shape": (h0, w0), "ratio": s / max(h0, w0),
             "pad": ((s - nw) // 2, (s - nh) // 2), "mosaic": bool(use_mosaic)}
     return SamplePlan(i, layers, ratio, hsv, lab[keep].astype(np.float32), meta)
+
+
+_Draws = tuple[list[Any], np.ndarray, float, Any]  # layers, boxes, mixup ratio, HSV deltas
+
+
+def _letterbox_draws(ds: YOLODataset, i: int, rng: np.random.Generator) -> _Draws:
+    """The letterbox branch of :func:`plan_sample`: mixup, HSV and flips, drawn in the order
+    of ``YOLODataset._augmented``; the flips folded into each layer's matrix."""
+    h, s = ds.aug, ds.imgsz
+    ratio, hsv = 1.0, None
+    layer, lab = _letterbox_layer(ds, i)
+    layers = [layer]
+    if ds.mosaic_enabled and h.mixup > 0 and rng.random() < h.mixup:
+        layer2, lab2 = _letterbox_layer(ds, int(rng.integers(0, len(ds))))
+        ratio = float(rng.beta(32.0, 32.0))  # A.mixup's one draw
+        layers.append(layer2)
+        lab = np.concatenate([lab, lab2], 0).astype(np.float32)
+    if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
+        hsv = A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v)
+    ud = h.flipud > 0 and rng.random() < h.flipud
+    lr = h.fliplr > 0 and rng.random() < h.fliplr
+    flip = A.flip_matrix(s, lr, ud)
+    for layer in layers:
+        layer.m = flip @ layer.m
+    if ud:  # A.flipud's box rule
+        lab[:, [2, 4]] = s - lab[:, [4, 2]]
+    if lr:  # A.fliplr's box rule
+        lab[:, [1, 3]] = s - lab[:, [3, 1]]
+    return layers, lab, ratio, hsv
+
+
+def _mosaic_draws(ds: YOLODataset, i: int, rng: np.random.Generator) -> _Draws:
+    """The mosaic branch of :func:`plan_sample` (a second mosaic for mixup), drawn in the
+    order of ``YOLODataset._augmented``."""
+    h, s = ds.aug, ds.imgsz
+    ratio, hsv = 1.0, None
+    plan = ds._mosaic_plan(i, rng)
+    plan2 = None
+    if h.mixup > 0 and rng.random() < h.mixup:
+        plan2 = ds._mosaic_plan(int(rng.integers(0, len(ds))), rng)
+        ratio = float(rng.beta(32.0, 32.0))
+    if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
+        hsv = A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v)
+    ud = h.flipud > 0 and rng.random() < h.flipud
+    lr = h.fliplr > 0 and rng.random() < h.fliplr
+    flip = A.flip_matrix(s, lr, ud)
+    layer, lab = _mosaic_layer(ds, plan, flip)
+    layers = [layer]
+    if plan2 is not None:
+        layer2, lab2 = _mosaic_layer(ds, plan2, flip)
+        layers.append(layer2)
+        lab = np.concatenate([lab, lab2], 0).astype(np.float32)
+    return layers, lab, ratio, hsv
 
 
 def _exif_orientation(buf: np.ndarray) -> int:

@@ -63,78 +63,79 @@ def parse_label_text(
     rows: list[tuple[float, float, float, float, float]] = []
     issues: list[LabelIssue] = []
     seen: set[tuple[float, ...]] = set()
-
-    def issue(kind: str, lineno: int, msg: str) -> None:
-        issues.append(LabelIssue(kind, f"{where}:{lineno}: {msg}"))
-
     for lineno, line in enumerate(text.splitlines(), 1):
         tokens = line.split()
-        n = len(tokens)
-        if n == 0:
+        if not tokens:
             continue
-        is_polygon = n > 5 and n % 2 == 1
-        if n != 5 and not is_polygon:
-            issue(
-                "malformed",
-                lineno,
-                f"{n} values; expected 5 (cls cx cy w h) or a polygon "
-                "(cls x1 y1 ... xn yn, n >= 3); line dropped",
-            )
-            continue
-        try:
-            vals = tuple(float(t) for t in tokens)
-        except ValueError:
-            bad = next(t for t in tokens if not _is_float(t))
-            issue("non_numeric", lineno, f"non-numeric value {bad!r}; line dropped")
-            continue
-        if not all(math.isfinite(v) for v in vals):
-            issue("non_numeric", lineno, "non-finite value (nan/inf); line dropped")
-            continue
-        c = vals[0]
-        if not c.is_integer():
-            issue("bad_class", lineno, f"class id {tokens[0]!r} is not an integer; line dropped")
-            continue
-        if not 0 <= c < nc:
-            issue(
-                "bad_class",
-                lineno,
-                f"class id {int(c)} outside names (0..{nc - 1}); line dropped",
-            )
-            continue
-        if vals in seen:
-            issue("duplicate", lineno, "duplicate of an earlier line; dropped")
-            continue
-        seen.add(vals)
-        if is_polygon:
-            xs, ys = vals[1::2], vals[2::2]
-            x1, y1, x2, y2 = min(xs), min(ys), max(xs), max(ys)
-            issue("polygon", lineno, f"polygon ({len(xs)} points) converted to its bounding box")
-        else:
-            _, cx, cy, w, h = vals
-            if w <= 0 or h <= 0:
-                issue("zero_area", lineno, f"box width/height {w:g}x{h:g} <= 0; line dropped")
-                continue
-            if w > 1 + COORD_TOLERANCE or h > 1 + COORD_TOLERANCE:
-                issue("oversize", lineno, f"box width/height {w:g}x{h:g}: more than the whole image "
-                      "(normalised values are at most 1); line dropped")
-                continue
-            x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-        tol = COORD_TOLERANCE
-        x1r, y1r, x2r, y2r = x1, y1, x2, y2
-        outside = x1 < -tol or y1 < -tol or x2 > 1 + tol or y2 > 1 + tol
-        x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
-        if x2 - x1 <= 0 or y2 - y1 <= 0:
-            if outside:
-                issue("out_of_bounds", lineno, "box lies outside the image; line dropped")
-            else:
-                issue("zero_area", lineno, "zero-area box; line dropped")
-            continue
-        if outside:
-            issue("clipped", lineno, f"box x {_span(x1r, x2r)} y {_span(y1r, y2r)} outside [0, 1]; "
-                  "clipped to the image and kept")
-        rows.append((c, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1))
+        vals, notes = _line_values(tokens, nc)
+        if vals is not None and vals in seen:
+            vals, notes = None, [("duplicate", "duplicate of an earlier line; dropped")]
+        row = None
+        if vals is not None:
+            seen.add(vals)
+            row, notes = _box_row(vals)
+        issues.extend(LabelIssue(kind, f"{where}:{lineno}: {msg}") for kind, msg in notes)
+        if row is not None:
+            rows.append(row)
     labels = np.array(rows, dtype=np.float32).reshape(-1, 5)
     return labels, issues
+
+
+_Note = tuple[str, str]  # (defect kind, message without the "<file>:<line>: " prefix)
+
+
+def _line_values(tokens: list[str], nc: int) -> tuple[tuple[float, ...] | None, list[_Note]]:
+    """The numbers of one non-empty label line, or ``None`` and the defect that drops it."""
+    n = len(tokens)
+    if n != 5 and not (n > 5 and n % 2 == 1):
+        return None, [("malformed", f"{n} values; expected 5 (cls cx cy w h) or a polygon "
+                       "(cls x1 y1 ... xn yn, n >= 3); line dropped")]
+    try:
+        vals = tuple(float(t) for t in tokens)
+    except ValueError:
+        bad = next(t for t in tokens if not _is_float(t))
+        return None, [("non_numeric", f"non-numeric value {bad!r}; line dropped")]
+    if not all(math.isfinite(v) for v in vals):
+        return None, [("non_numeric", "non-finite value (nan/inf); line dropped")]
+    c = vals[0]
+    if not c.is_integer():
+        return None, [("bad_class", f"class id {tokens[0]!r} is not an integer; line dropped")]
+    if not 0 <= c < nc:
+        return None, [("bad_class", f"class id {int(c)} outside names (0..{nc - 1}); line dropped")]
+    return vals, []
+
+
+def _box_row(
+    vals: tuple[float, ...],
+) -> tuple[tuple[float, float, float, float, float] | None, list[_Note]]:
+    """One parsed line (a box or a polygon) as a ``[cls, cx, cy, w, h]`` row clipped to the
+    image, or ``None`` when it is dropped; with the notes it earned."""
+    c = vals[0]
+    notes: list[_Note] = []
+    if len(vals) > 5:
+        xs, ys = vals[1::2], vals[2::2]
+        x1, y1, x2, y2 = min(xs), min(ys), max(xs), max(ys)
+        notes.append(("polygon", f"polygon ({len(xs)} points) converted to its bounding box"))
+    else:
+        _, cx, cy, w, h = vals
+        if w <= 0 or h <= 0:
+            return None, [("zero_area", f"box width/height {w:g}x{h:g} <= 0; line dropped")]
+        if w > 1 + COORD_TOLERANCE or h > 1 + COORD_TOLERANCE:
+            return None, [("oversize", f"box width/height {w:g}x{h:g}: more than the whole image "
+                           "(normalised values are at most 1); line dropped")]
+        x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    tol = COORD_TOLERANCE
+    x1r, y1r, x2r, y2r = x1, y1, x2, y2
+    outside = x1 < -tol or y1 < -tol or x2 > 1 + tol or y2 > 1 + tol
+    x1, y1, x2, y2 = (min(max(v, 0.0), 1.0) for v in (x1, y1, x2, y2))
+    if x2 - x1 <= 0 or y2 - y1 <= 0:
+        gone = "box lies outside the image" if outside else "zero-area box"
+        notes.append(("out_of_bounds" if outside else "zero_area", f"{gone}; line dropped"))
+        return None, notes
+    if outside:
+        notes.append(("clipped", f"box x {_span(x1r, x2r)} y {_span(y1r, y2r)} outside [0, 1]; "
+                      "clipped to the image and kept"))
+    return (c, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), notes
 
 
 def _span(a: float, b: float) -> str:

@@ -287,6 +287,12 @@ def _scan(
     for res in results:
         if res.damage is not None and res.skip_reason is None:
             _repair(res)
+    _flag_shared_labels(results)
+    return _tally(results, names, n_images=len(im_files))
+
+
+def _flag_shared_labels(results: list[_Result]) -> None:
+    """Add a ``shared_label`` issue where images of different extensions share one label file."""
     by_label: dict[Path, list[_Result]] = {}
     for res in results:
         if res.skip_reason is None and not res.label_missing:
@@ -298,6 +304,11 @@ def _scan(
                 "shared_label", f"{label_file}: shared by {shown} (same name, different "
                 "extension); every one of them gets its boxes. Rename the images that are not "
                 "of these labels"))
+
+
+def _tally(results: list[_Result], names: dict[int, str], n_images: int) -> ScanReport:
+    """The :class:`ScanReport` of per-image scan results: usable records, skips, defect counts
+    and the messages to show (at most ``MAX_WARNINGS_PER_KIND`` per kind)."""
     defects = dict.fromkeys(DEFECT_KINDS, 0)
     messages: list[str] = []
     records: list[ImageRecord] = []
@@ -328,7 +339,7 @@ def _scan(
     return ScanReport(
         records=records,
         names=dict(names),
-        n_images=len(im_files),
+        n_images=n_images,
         n_missing_labels=n_missing,
         defects=defects,
         skipped=skipped,

@@ -9,6 +9,7 @@ cache is ignored and the split scanned again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -120,10 +121,8 @@ def save_cache(path: Path, key: str, report: ScanReport) -> None:
             DatasetWarning,
             stacklevel=3,
         )
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 def load_cache(

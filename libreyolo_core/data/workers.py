@@ -92,10 +92,7 @@ def plan_workers(requested: int, ranks: int = 1, cpus: int | None = None,
 
         current_threads = torch.get_num_threads()
     per_rank = max(1, cpus // ranks)
-    if requested < 0:
-        workers = min(AUTO_MAX_WORKERS, per_rank - 1)
-    else:
-        workers = min(requested, cpus)
+    workers = min(AUTO_MAX_WORKERS, per_rank - 1) if requested < 0 else min(requested, cpus)
     threads = max(1, min(int(current_threads), per_rank - workers))
     return WorkerPlan(workers=workers, threads=threads, cpus=cpus, ranks=ranks, requested=requested)
 

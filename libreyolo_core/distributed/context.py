@@ -18,6 +18,7 @@ and the setting.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -106,10 +107,9 @@ def set_phase(name: str) -> None:
     _phase = name
     store = _store()
     if store is not None:
-        try:
+        # the phase is a diagnostic: never fail a run for it
+        with contextlib.suppress(Exception):
             store.set(_PHASE_KEY.format(rank=dist.get_rank()), name)
-        except Exception:  # noqa: BLE001 - the phase is a diagnostic: never fail a run for it
-            pass
 
 
 def _store() -> Any:
@@ -307,10 +307,8 @@ def exit_rank(code: int) -> NoReturn:
             child.join(timeout=5)
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
 
 

@@ -22,21 +22,11 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
     Raises:
         DeviceError: an unknown form, or a CUDA index this machine does not have.
     """
-    if device is None:
-        device = "auto"
-    if isinstance(device, int) and not isinstance(device, bool):
-        device = str(device)
-    if isinstance(device, list | tuple):
-        device = ",".join(str(d) for d in device)
-    text = str(device).strip().lower().replace(" ", "")
+    text = _device_text(device)
     if text in ("auto", ""):
-        if torch.cuda.is_available():
-            return ["cuda:0"]
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return ["mps"]
-        return ["cpu"]
+        return ["cuda:0" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"]
     if text == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        if not _mps_available():
             raise DeviceError("device='mps': Apple's Metal (MPS) is not available on this machine; "
                               "use 'cpu' or a CUDA device")
         return [text]
@@ -56,6 +46,21 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
         have = f"indices 0..{count - 1}" if count else "no CUDA device"
         raise DeviceError(f"device={device!r}: CUDA device {bad[0]} does not exist (this machine has {have})")
     return [f"cuda:{p}" for p in parts]
+
+
+def _device_text(device: str | int | list[int] | None) -> str:
+    """A ``device`` value as lower-case text without spaces: ``[0, 1]`` -> ``"0,1"``,
+    ``None`` -> ``"auto"``."""
+    if device is None:
+        return "auto"
+    if isinstance(device, list | tuple):
+        device = ",".join(str(d) for d in device)
+    return str(device).strip().lower().replace(" ", "")
+
+
+def _mps_available() -> bool:
+    """Whether this torch build has Apple's Metal (MPS) backend and it can be used here."""
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
 def rank_device(names: list[str], local_rank: int, local_world_size: int) -> str:

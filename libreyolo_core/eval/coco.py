@@ -71,6 +71,43 @@ def _xywh(boxes: np.ndarray) -> np.ndarray:
     return out
 
 
+def _coco_dataset(
+    detections: Sequence[ImageDetections], targets: Sequence[ImageTargets], nc: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """COCO's ``images``, ground-truth and detection annotation lists for
+    :func:`coco_metrics` (image ids from 1, category ids ``class + 1``, boxes as xywh).
+
+    Raises:
+        ValueError: a class id outside ``[0, nc)``.
+    """
+    images: list[dict] = []
+    gt_anns: list[dict] = []
+    dt_anns: list[dict] = []
+    for img_id, (det, tgt) in enumerate(zip(detections, targets, strict=True), start=1):
+        gt_boxes, gt_cls = _np(tgt.boxes, (0, 4)), _np(tgt.classes, (0,)).astype(np.int64)
+        dt_boxes, dt_cls = _np(det.boxes, (0, 4)), _np(det.classes, (0,)).astype(np.int64)
+        scores = _np(det.scores, (0,))
+        for name, cls in (("ground-truth", gt_cls), ("detection", dt_cls)):
+            if cls.size and (cls.min() < 0 or cls.max() >= nc):
+                raise ValueError(f"image {img_id - 1}: {name} class id outside [0, {nc})")
+        width = int(tgt.width) or int(math.ceil(max(gt_boxes[:, 2].max(initial=1), 1)))
+        height = int(tgt.height) or int(math.ceil(max(gt_boxes[:, 3].max(initial=1), 1)))
+        images.append({"id": img_id, "width": width, "height": height})
+        crowd = (np.zeros(len(gt_cls), bool) if tgt.crowd is None
+                 else _np(tgt.crowd, (0,)).astype(bool))
+        for box, c, cr in zip(_xywh(gt_boxes), gt_cls, crowd, strict=True):
+            gt_anns.append({
+                "id": len(gt_anns) + 1, "image_id": img_id, "category_id": int(c) + 1,
+                "bbox": box.tolist(), "area": float(box[2] * box[3]), "iscrowd": int(cr),
+            })
+        for box, c, s in zip(_xywh(dt_boxes), dt_cls, scores, strict=True):
+            dt_anns.append({
+                "id": len(dt_anns) + 1, "image_id": img_id, "category_id": int(c) + 1,
+                "bbox": box.tolist(), "score": float(s), "area": float(box[2] * box[3]),
+            })
+    return images, gt_anns, dt_anns
+
+
 def coco_metrics(
     detections: Sequence[ImageDetections],
     targets: Sequence[ImageTargets],
@@ -108,31 +145,7 @@ def coco_metrics(
 
     if len(detections) != len(targets):
         raise ValueError(f"{len(detections)} detection entries for {len(targets)} images")
-    images: list[dict] = []
-    gt_anns: list[dict] = []
-    dt_anns: list[dict] = []
-    for img_id, (det, tgt) in enumerate(zip(detections, targets, strict=True), start=1):
-        gt_boxes, gt_cls = _np(tgt.boxes, (0, 4)), _np(tgt.classes, (0,)).astype(np.int64)
-        dt_boxes, dt_cls = _np(det.boxes, (0, 4)), _np(det.classes, (0,)).astype(np.int64)
-        scores = _np(det.scores, (0,))
-        for name, cls in (("ground-truth", gt_cls), ("detection", dt_cls)):
-            if cls.size and (cls.min() < 0 or cls.max() >= nc):
-                raise ValueError(f"image {img_id - 1}: {name} class id outside [0, {nc})")
-        width = int(tgt.width) or int(math.ceil(max(gt_boxes[:, 2].max(initial=1), 1)))
-        height = int(tgt.height) or int(math.ceil(max(gt_boxes[:, 3].max(initial=1), 1)))
-        images.append({"id": img_id, "width": width, "height": height})
-        crowd = (np.zeros(len(gt_cls), bool) if tgt.crowd is None
-                 else _np(tgt.crowd, (0,)).astype(bool))
-        for box, c, cr in zip(_xywh(gt_boxes), gt_cls, crowd, strict=True):
-            gt_anns.append({
-                "id": len(gt_anns) + 1, "image_id": img_id, "category_id": int(c) + 1,
-                "bbox": box.tolist(), "area": float(box[2] * box[3]), "iscrowd": int(cr),
-            })
-        for box, c, s in zip(_xywh(dt_boxes), dt_cls, scores, strict=True):
-            dt_anns.append({
-                "id": len(dt_anns) + 1, "image_id": img_id, "category_id": int(c) + 1,
-                "bbox": box.tolist(), "score": float(s), "area": float(box[2] * box[3]),
-            })
+    images, gt_anns, dt_anns = _coco_dataset(detections, targets, nc)
     zero = {"precision": 0.0, "recall": 0.0, "mAP50": 0.0, "mAP50-95": 0.0, "per_class_AP": {}}
     if not gt_anns:
         return {**zero, "detail": _empty_detail(detections, targets, nc)} if detail else zero

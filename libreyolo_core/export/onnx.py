@@ -176,6 +176,33 @@ def _simplify(path: Path, how: str | bool | None) -> str | None:
     raise ExportError(f"simplify={how} needs onnxslim or onnxsim: pip install onnxslim")
 
 
+def _check_options(family: Any, *, opset: int, half: bool, imgsz: int) -> None:
+    """Refuse export options that cannot work (raises :class:`ExportError`)."""
+    if opset < 11:
+        raise ExportError(f"opset={opset}: the export needs opset >= 11")
+    if half and family.name == "yolo9":
+        raise ExportError("half=true is not supported for YOLOv9 yet (the TorchScript exporter "
+                          "fails on its float16 head: 'tensor does not have a device'); export "
+                          "float32 (half=false)")
+    if imgsz % family.stride:
+        raise ExportError(f"imgsz={imgsz} must be a multiple of the stride {family.stride}")
+
+
+def _dynamic_axes(layout: str, outputs: list[str], dynamic: bool) -> dict[str, dict[int, str]] | None:
+    """``torch.onnx.export``'s ``dynamic_axes``: batch, height and width of the input and the
+    matching output axes when ``dynamic``; the ``nms`` layout's detection count always."""
+    if not dynamic:
+        return {"detections": {0: "detections"}} if layout == "nms" else None
+    axes = {"images": {0: "batch", 2: "height", 3: "width"}}
+    if layout == "nms":
+        axes["detections"] = {0: "detections"}
+        return axes
+    axes["decoded"] = {0: "batch", 2: "anchors"}
+    for name in outputs[1:]:
+        axes[name] = {0: "batch", 2: f"{name}_h", 3: f"{name}_w"}
+    return axes
+
+
 def export_onnx(
     model: torch.nn.Module,
     family: Any,
@@ -221,14 +248,7 @@ def export_onnx(
     t0 = time.perf_counter()
     path = Path(path)
     opset = int(opset or DEFAULT_OPSET)
-    if opset < 11:
-        raise ExportError(f"opset={opset}: the export needs opset >= 11")
-    if half and family.name == "yolo9":
-        raise ExportError("half=true is not supported for YOLOv9 yet (the TorchScript exporter "
-                          "fails on its float16 head: 'tensor does not have a device'); export "
-                          "float32 (half=false)")
-    if imgsz % family.stride:
-        raise ExportError(f"imgsz={imgsz} must be a multiple of the stride {family.stride}")
+    _check_options(family, opset=opset, half=half, imgsz=imgsz)
     import copy
 
     net = copy.deepcopy(model).cpu().eval()
@@ -236,17 +256,7 @@ def export_onnx(
     layout = "nms" if nms else "raw"
     graph = ExportGraph(net, family, layout, half=half, conf=conf, iou=iou, max_det=max_det).eval()
     outputs = output_names(layout)
-    axes: dict[str, dict[int, str]] | None = None
-    if dynamic:
-        axes = {"images": {0: "batch", 2: "height", 3: "width"}}
-        if layout == "nms":
-            axes["detections"] = {0: "detections"}
-        else:
-            axes["decoded"] = {0: "batch", 2: "anchors"}
-            for name in outputs[1:]:
-                axes[name] = {0: "batch", 2: f"{name}_h", 3: f"{name}_w"}
-    elif layout == "nms":
-        axes = {"detections": {0: "detections"}}
+    axes = _dynamic_axes(layout, outputs, dynamic)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     trace_input = _check_input(batch, imgsz, imgsz)

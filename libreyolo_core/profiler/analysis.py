@@ -21,12 +21,13 @@ in microseconds). Method (LibreYOLO's newer ``analyze_trace``; docs/architecture
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import json
 import re
 import shutil
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -284,38 +285,38 @@ def _categories(groups: Mapping[str, list[float]], steps: int) -> list[dict[str,
     ]
 
 
-def analyze_trace(trace: Mapping[str, Any], top_per_phase: int = TOP_PER_PHASE) -> dict[str, Any]:
-    """Mine one trace. Times in the result are milliseconds per step unless named otherwise.
+_ByPhase = dict[str, dict[str, list[float]]]  # phase -> name -> durations (us)
 
-    Returns:
-        ``window{start_us, end_us, wall_ms, steps}``, ``has_gpu``, GPU figures
-        (``gpu_busy_ms_per_step``, ``kernels_per_step``, ``unique_kernels``,
-        ``mean_kernel_us``, ``memcpy_ms_per_step``, ``cuda_mallocs_per_step``,
-        ``tensorcore_pct``; ``None`` without kernels), CPU figures (``cpu_ops_ms_per_step``
-        = self time, ``ops_per_step``), ``kernels`` / ``ops`` rows, ``categories`` (of kernels,
-        or of CPU ops on a CPU run), ``phases`` (per phase gpu/cpu ms, counts),
-        ``kernels_by_phase`` / ``ops_by_phase`` (top ``top_per_phase`` rows each).
-    """
-    events = _x_events(trace)
-    w0, w1, steps = analysis_window(events)
-    steps = max(int(steps), 1)
-    phases = PhaseIndex(events)
+
+def _in_window(w0: float, w1: float, t: float) -> bool:
+    """Whether ``t`` (us) lies in the analysis window ``[w0, w1)`` (everything when empty)."""
+    return w0 <= t < w1 if w1 > w0 else True
+
+
+def _launch_times(events: list[dict[str, Any]]) -> dict[Any, float]:
+    """CUDA runtime/driver calls' start times (us) by correlation id."""
     launch_ts: dict[Any, float] = {}
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver"):
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launch_ts[corr] = float(e["ts"])
+    return launch_ts
+
+
+def _device_side(
+    events: list[dict[str, Any]], phases: PhaseIndex, inside: Callable[[float], bool]
+) -> tuple[dict[str, list[float]], _ByPhase, float, int]:
+    """Kernel durations (by name, and by phase of their launch), memcpy/memset time (us)
+    and cudaMalloc/Free calls inside the window; a kernel counts at its launch's CPU time."""
+    launch_ts = _launch_times(events)
 
     def cpu_time(e: Mapping[str, Any]) -> float:
         corr = (e.get("args") or {}).get("correlation")
         return launch_ts.get(corr, float(e["ts"])) if corr is not None else float(e["ts"])
 
-    def inside(t: float) -> bool:
-        return w0 <= t < w1 if w1 > w0 else True
-
     kernels: dict[str, list[float]] = defaultdict(list)
-    k_phase: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    k_phase: _ByPhase = defaultdict(lambda: defaultdict(list))
     memcpy_us, mallocs = 0.0, 0
     for e in events:
         cat = e.get("cat")
@@ -332,9 +333,15 @@ def analyze_trace(trace: Mapping[str, Any], top_per_phase: int = TOP_PER_PHASE) 
             name = str(e.get("name", ""))
             if ("Malloc" in name or "Free" in name) and inside(float(e["ts"])):
                 mallocs += 1
+    return kernels, k_phase, memcpy_us, mallocs
 
+
+def _host_ops(
+    events: list[dict[str, Any]], phases: PhaseIndex, inside: Callable[[float], bool]
+) -> tuple[dict[str, list[float]], _ByPhase, int]:
+    """CPU ops' self times (us; by name and by phase) and their count inside the window."""
     ops: dict[str, list[float]] = defaultdict(list)
-    o_phase: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    o_phase: _ByPhase = defaultdict(lambda: defaultdict(list))
     op_count = 0
     for e, self_us, _depth in self_times([e for e in events if e.get("cat") == "cpu_op"]):
         ts = float(e["ts"])
@@ -343,28 +350,54 @@ def analyze_trace(trace: Mapping[str, Any], top_per_phase: int = TOP_PER_PHASE) 
         op_count += 1
         ops[str(e["name"])].append(self_us)
         o_phase[phases.phase_at(ts)][str(e["name"])].append(self_us)
+    return ops, o_phase, op_count
 
-    busy_us = sum(sum(d) for d in kernels.values())
-    n_kernels = sum(len(d) for d in kernels.values())
-    op_us = sum(sum(d) for d in ops.values())
-    has_gpu = n_kernels > 0
-    tc_us = sum(sum(d) for n, d in kernels.items() if is_tensorcore(n))
 
-    phase_rows = []
+def _phase_rows(k_phase: _ByPhase, o_phase: _ByPhase, steps: int, has_gpu: bool) -> list[dict[str, Any]]:
+    """One row per phase (in the loop's order): GPU and CPU ms per step, counts."""
+    rows = []
     for p in order_phases(set(k_phase) | set(o_phase)):
         kp, op = k_phase.get(p, {}), o_phase.get(p, {})
-        phase_rows.append(
+        gpu_ms = round(sum(sum(d) for d in kp.values()) / 1e3 / steps, 4)
+        rows.append(
             {
                 "phase": p,
-                "gpu_ms_per_step": round(sum(sum(d) for d in kp.values()) / 1e3 / steps, 4)
-                if has_gpu
-                else None,
+                "gpu_ms_per_step": gpu_ms if has_gpu else None,
                 "cpu_ms_per_step": round(sum(sum(d) for d in op.values()) / 1e3 / steps, 4),
                 "kernels_per_step": round(sum(len(d) for d in kp.values()) / steps, 2),
                 "ops_per_step": round(sum(len(d) for d in op.values()) / steps, 2),
                 "unique_kernels": len(kp),
             }
         )
+    return rows
+
+
+def analyze_trace(trace: Mapping[str, Any], top_per_phase: int = TOP_PER_PHASE) -> dict[str, Any]:
+    """Mine one trace. Times in the result are milliseconds per step unless named otherwise.
+
+    Returns:
+        ``window{start_us, end_us, wall_ms, steps}``, ``has_gpu``, GPU figures
+        (``gpu_busy_ms_per_step``, ``kernels_per_step``, ``unique_kernels``,
+        ``mean_kernel_us``, ``memcpy_ms_per_step``, ``cuda_mallocs_per_step``,
+        ``tensorcore_pct``; ``None`` without kernels), CPU figures (``cpu_ops_ms_per_step``
+        = self time, ``ops_per_step``), ``kernels`` / ``ops`` rows, ``categories`` (of kernels,
+        or of CPU ops on a CPU run), ``phases`` (per phase gpu/cpu ms, counts),
+        ``kernels_by_phase`` / ``ops_by_phase`` (top ``top_per_phase`` rows each).
+    """
+    events = _x_events(trace)
+    w0, w1, steps = analysis_window(events)
+    steps = max(int(steps), 1)
+    phases = PhaseIndex(events)
+    inside = functools.partial(_in_window, w0, w1)
+    kernels, k_phase, memcpy_us, mallocs = _device_side(events, phases, inside)
+    ops, o_phase, op_count = _host_ops(events, phases, inside)
+    busy_us = sum(sum(d) for d in kernels.values())
+    n_kernels = sum(len(d) for d in kernels.values())
+    op_us = sum(sum(d) for d in ops.values())
+    has_gpu = n_kernels > 0
+    tc_us = sum(sum(d) for n, d in kernels.items() if is_tensorcore(n))
+
+    phase_rows = _phase_rows(k_phase, o_phase, steps, has_gpu)
     return {
         "window": {
             "start_us": w0,

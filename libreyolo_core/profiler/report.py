@@ -57,39 +57,10 @@ def format_summary(profile: ProfileRecord | Mapping[str, Any]) -> str:
         f"step {_f(p.step_ms, 1, ' ms')}, {ips} img/s, data wait "
         f"{_f(p.dataload_ms, 1, ' ms')} ({100 * frac:.0f}%)"
     )
-    if p.device_type == "cpu":
-        lines.append(
-            "utilisation: not applicable (CPU run); CPU ops "
-            f"{_f(p.cpu_ops_ms_per_step, 1, ' ms/step')}, "
-            f"{_f(p.ops_per_step, 0)} ops/step"
-        )
-    else:
-        util = p.gpu_util
-        lines.append(
-            f"GPU util {_f(100 * util if util is not None else None, 0, '%')} "
-            f"({_f(p.gpu_busy_ms_per_step, 1)} ms busy / "
-            f"{_f(p.step_ms, 1)} ms step), "
-            f"{_f(p.kernels_per_step, 0)} kernels/step @ "
-            f"~{_f(p.mean_kernel_us, 0)} µs, "
-            f"peak VRAM {_f(p.peak_vram_mb, 0, ' MB')}, Tensor Cores "
-            f"{_f(p.tensorcore_pct, 0, '%')}"
-        )
-        lines.append(
-            f"memcpy {_f(p.memcpy_ms_per_step, 2, ' ms/step')}, host overhead "
-            f"{_f(p.host_overhead_ms_per_step, 1, ' ms/step')}, launches/step "
-            f"{_f(p.launches_per_step, 0)}, cudaMalloc/Free per step "
-            f"{_f(p.cuda_mallocs_per_step, 1)}"
-        )
+    lines += _utilisation_lines(p)
     lines.append(f"verdict: {p.bound} — {p.bound_why}")
     lines += confidence_lines(p)
-    lv = p.lever
-    if lv is not None and lv.params:
-        lines.append("lever: try " + " ".join(f"{k}={v}" for k, v in lv.params.items())
-                     + f" ({lv.why})")
-    elif lv is not None and lv.why:
-        lines.append(f"lever: {lv.why}" + (f"; {'; '.join(lv.also)}" if lv.also else ""))
-    elif p.levers:
-        lines.append(f"lever: {p.levers}")
+    lines += _lever_lines(p)
     if p.categories:
         lines.append("mix: " + ", ".join(f"{c['name']} {c['pct']:.0f}%" for c in p.categories))
     gpu = bool(p.top_kernels)
@@ -105,6 +76,42 @@ def format_summary(profile: ProfileRecord | Mapping[str, Any]) -> str:
     for note in p.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _utilisation_lines(p: ProfileRecord) -> list[str]:
+    """The utilisation lines of :func:`format_summary`: CPU ops on a CPU run; GPU busy,
+    kernels, VRAM, Tensor Cores, memcpy and host overhead on a GPU run."""
+    if p.device_type == "cpu":
+        return [
+            "utilisation: not applicable (CPU run); CPU ops "
+            f"{_f(p.cpu_ops_ms_per_step, 1, ' ms/step')}, "
+            f"{_f(p.ops_per_step, 0)} ops/step"
+        ]
+    util = p.gpu_util
+    return [
+        f"GPU util {_f(100 * util if util is not None else None, 0, '%')} "
+        f"({_f(p.gpu_busy_ms_per_step, 1)} ms busy / "
+        f"{_f(p.step_ms, 1)} ms step), "
+        f"{_f(p.kernels_per_step, 0)} kernels/step @ "
+        f"~{_f(p.mean_kernel_us, 0)} µs, "
+        f"peak VRAM {_f(p.peak_vram_mb, 0, ' MB')}, Tensor Cores "
+        f"{_f(p.tensorcore_pct, 0, '%')}",
+        f"memcpy {_f(p.memcpy_ms_per_step, 2, ' ms/step')}, host overhead "
+        f"{_f(p.host_overhead_ms_per_step, 1, ' ms/step')}, launches/step "
+        f"{_f(p.launches_per_step, 0)}, cudaMalloc/Free per step "
+        f"{_f(p.cuda_mallocs_per_step, 1)}",
+    ]
+
+
+def _lever_lines(p: ProfileRecord) -> list[str]:
+    """The ``lever:`` line of :func:`format_summary` (none when the profile names no lever)."""
+    lv = p.lever
+    if lv is not None and lv.params:
+        return ["lever: try " + " ".join(f"{k}={v}" for k, v in lv.params.items())
+                + f" ({lv.why})"]
+    if lv is not None and lv.why:
+        return [f"lever: {lv.why}" + (f"; {'; '.join(lv.also)}" if lv.also else "")]
+    return [f"lever: {p.levers}"] if p.levers else []
 
 
 def _pct(v: Any) -> str:
