@@ -1,7 +1,22 @@
-"""#28.4: every way out an error prints works exactly as printed, wherever it is printed:
-the profile window's ways out, run as ``libreyolo profile run`` flags, as
-``libreyolo-service jobs submit --kind profile`` flags (a real job on the real engine),
-and as the training keys in parentheses (the SDK's params)."""
+"""#28.4: every way out an error prints works exactly as printed, wherever it is printed.
+
+Each test makes the real product print the error, parses the way out from the printed text
+(never a copy of it), runs it where it was printed (an engine CLI way out through
+``libreyolo``, a service CLI one through ``libreyolo-service``, an SDK keyword through the
+SDK, a REST field through REST) and checks that it is accepted: not the same error, not
+an unknown option.
+
+- the profile window's ways out: ``libreyolo profile run`` flags, ``libreyolo-service jobs
+  submit --kind profile`` flags (a real job on the real engine), and the training keys in
+  parentheses (the SDK's params);
+- the engine CLI: did-you-mean of a command and of a key, ``predict``'s "nothing saved"
+  keys, a chain of training-key mistakes followed to a run that trains (``use X``,
+  ``Did you mean``, ``imgsz ... use 64 or 96``, ``device ... use cpu``), ``--set KEY=VALUE``;
+- the service: the CLI's did-you-mean, the 401's ``token create``, an empty
+  Idempotency-Key's command, a 405's method, ``params.data``'s "top level", a profile job's
+  ``nodes=1``, the batch-larger-than-the-dataset warning, an unknown model's ``models
+  list``, ``--steps``' ``--kind tune``, and the no-worker warning's ``worker --cpu``.
+"""
 
 from __future__ import annotations
 
@@ -97,3 +112,392 @@ def test_profile_submit_takes_the_window_and_batch_flags(stack, args, params, da
     r = CliRunner().invoke(app, ["jobs", "submit", "-d", data_yaml, "--batch", "2", "batch=4"],
                            env=env)
     assert r.exit_code == 2 and "batch=4 and its flag say 2" in r.output
+
+
+# --- the engine CLI ---------------------------------------------------------------------
+
+ENGINE = [sys.executable, "-m", "libreyolo_core.cli"]
+
+
+def _engine(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([*ENGINE, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.mark.parametrize("typo", ["cgf", "vresion"])
+def test_engine_command_did_you_mean_runs(typo):
+    bad = _engine(typo)
+    assert bad.returncode == 2, bad.stderr
+    way = re.search(r"Did you mean '([a-z]+)'\?", bad.stderr)
+    assert way, bad.stderr
+    ok = _engine(way[1])
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_engine_predict_ways_out_run(tmp_path):
+    """``sav=true``'s did-you-mean, then each key that "nothing saved" names."""
+    import shutil
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "one", n_train=1, n_val=1, imgsz=64, seed=5)
+    source = next((data.parent / "images" / "val").glob("*")) if (
+        data.parent / "images" / "val").is_dir() else None
+    if source is None:
+        source = next(p for p in data.parent.rglob("*") if p.suffix in (".jpg", ".png"))
+    img = tmp_path / "img"
+    img.mkdir()
+    shutil.copy(source, img / source.name)
+    base = [f"source={img}", "imgsz=64", "device=cpu"]
+
+    bad = _engine("predict", *base, "sav=true", f"project={tmp_path / 'p0'}")
+    assert bad.returncode == 2, bad.stderr
+    way = re.search(r"unknown key '(\w+)' for `libreyolo predict`\. Did you mean '(\w+)'\?",
+                    bad.stderr)
+    assert way and way[1] == "sav", bad.stderr
+    ok = _engine("predict", *base, f"{way[2]}=true", f"project={tmp_path / 'p1'}")
+    assert ok.returncode == 0 and "saved to" in ok.stderr, ok.stderr
+
+    plain = _engine("predict", *base, f"project={tmp_path / 'p2'}")
+    assert plain.returncode == 0, plain.stderr
+    said = re.search(r"nothing saved \((.*)\)", plain.stderr)
+    assert said, plain.stderr
+    keys = re.findall(r"\b([a-z_]+=true)\b", said[1])
+    assert len(keys) >= 4, said[1]  # save, save_txt, save_json, json
+    for i, key in enumerate(keys):
+        ok = _engine("predict", *base, key, f"project={tmp_path / f'q{i}'}")
+        assert ok.returncode == 0 and "nothing saved" not in ok.stderr, (key, ok.stderr)
+        if key == "json=true":
+            assert ok.stdout.strip().startswith("{"), ok.stdout
+
+
+def _engine_way_out(stderr: str, args: list[str]) -> list[str]:
+    """``args`` with the way out the engine printed in ``stderr`` applied, as printed."""
+    text = stderr.strip().splitlines()[-1]
+
+    def put(key: str, value: str) -> list[str]:
+        return [a for a in args if not a.startswith(f"{key}=")] + [f"{key}={value}"]
+
+    if m := re.search(r"unknown key '(\w+)'\. Did you mean (\w+)", text):
+        return [f"{m[2]}={a.split('=', 1)[1]}" if a.startswith(f"{m[1]}=") else a for a in args]
+    if m := re.search(r"(\w+)=\S+ must be a multiple of \d+ for \S+; use (\d+) or \d+", text):
+        return put(m[1], m[2])
+    if m := re.search(r"device=\S+ is invalid: use (.*)", text):
+        # the CPU among the printed choices, as printed (it was 'cpu', quotes and all,
+        # which the CLI took as the value "'cpu'")
+        cpu = re.search(r"\b(device=\S*cpu\S*?)(?:,| or |$)", m[1])
+        assert cpu, text
+        return put(*cpu[1].split("=", 1))
+    if m := re.search(r"[:;] use (\w+)=(\w+)(?: or \w+=\w+)?$", text):
+        return put(m[1], m[2])
+    raise AssertionError(f"no way out printed: {text}")
+
+
+@pytest.mark.slow  # the chain ends in a real 1-epoch training run (about 20 s)
+def test_engine_train_ways_out_chain_to_a_run_that_trains(tmp_path):
+    """Four mistakes at once; each error's way out, applied as printed, gets past that
+    error, and the last run trains."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    args = ["train", f"data={data}", "epoch=1", "imgsz=65", "loader=gpu", "mosaic_buffer=4",
+            "device=gpu", "workers=0", f"project={tmp_path / 'runs'}"]
+    seen: list[str] = []
+    for _ in range(8):
+        r = _engine(*args)
+        if r.returncode == 0:
+            break
+        last = r.stderr.strip().splitlines()[-1]
+        assert last not in seen, (last, args)  # the way out got past its error
+        seen.append(last)
+        args = _engine_way_out(r.stderr, args)
+    assert r.returncode == 0, (args, r.stderr[-2000:])
+    assert len(seen) >= 4, seen
+
+
+def test_profile_tune_set_way_out_runs(tmp_path):
+    """``profile tune --set mosaic`` names ``KEY=VALUE (e.g. mosaic=0.5)``; ``--set
+    mosaic=0.5`` gets past it (to the too-short window of a 2-image set at batch 4: exit 3,
+    cheaply)."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+
+    def tune(*flags: str) -> subprocess.CompletedProcess:
+        return _engine("profile", "tune", str(data), *SMALL, "--project", str(tmp_path / "t"),
+                       "--batch", "4", *flags)
+
+    bad = tune("--set", "mosaic")
+    assert bad.returncode == 2, bad.stderr
+    way = re.search(r"e\.g\. (\w+=[\w.]+)\)", bad.stderr)
+    assert way, bad.stderr
+    ok = tune("--set", way[1])
+    assert ok.returncode == 3 and "--set" not in ok.stderr, ok.stderr
+
+
+# --- the service: CLI, REST and SDK ------------------------------------------------------
+
+
+def _env(stack, token: str | None = None) -> dict[str, str]:
+    return {"LIBREYOLO_URL": stack.url, "LIBREYOLO_TOKEN": token or stack.token(),
+            "LIBREYOLO_NO_BROWSER": "1"}
+
+
+def _service(args: list[str], env: dict[str, str]):
+    from service.cli import app
+
+    return CliRunner().invoke(app, args, env=env)
+
+
+def _backticked(text: str, starts: str) -> list[str]:
+    """The command in backticks of ``text`` that starts with ``starts``, split as a shell
+    would; its first word (the program) dropped."""
+    import shlex
+
+    m = re.search(rf"`({re.escape(starts)}[^`]*)`", text)
+    assert m, text
+    return shlex.split(m[1])[1:]
+
+
+def _job(data: str, **over) -> dict:
+    return {"kind": "train", "model": "yolo9-t", "data": data, "gpus": 0,
+            "params": {"epochs": 1}} | over
+
+
+def test_service_command_did_you_mean_runs(stack):
+    env = _env(stack)
+    bad = _service(["job", "list"], env)
+    assert bad.exit_code == 2, bad.output
+    way = re.search(r"Did you mean '([a-z]+)'", bad.output)
+    assert way, bad.output
+    ok = _service([way[1], "list"], env)
+    assert ok.exit_code == 0, ok.output
+
+
+def test_missing_token_way_out_runs(stack):
+    """The 401's ``libreyolo-service token create ...``, run through the service CLI on
+    the service's database, gives a token the API takes."""
+    import httpx
+
+    r = httpx.get(f"{stack.url}/v1/jobs")
+    assert r.status_code == 401
+    detail = r.json()["detail"]
+    args = [a.replace("NAME", "suggested") for a in _backticked(detail, "libreyolo-service token")]
+    made = _service(args, {"LIBREYOLO_DATABASE_URL": stack.settings.database_url})
+    assert made.exit_code == 0, (args, made.output)
+    token = made.stdout.strip().splitlines()[-1]
+    r = httpx.get(f"{stack.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+
+
+def test_empty_idempotency_key_way_out_runs(stack, data_yaml):
+    import shlex
+
+    import httpx
+
+    auth = {"Authorization": f"Bearer {stack.token()}"}
+    r = httpx.post(f"{stack.url}/v1/jobs", json=_job(data_yaml),
+                   headers=auth | {"Idempotency-Key": ""})
+    assert r.status_code == 422, r.text
+    cmd = re.search(r"e\.g\. (python3 -c '[^']*')", r.json()["detail"])
+    assert cmd, r.text
+    key = subprocess.run(shlex.split(cmd[1]), capture_output=True, text=True, check=True).stdout
+    assert key.strip()
+    r = httpx.post(f"{stack.url}/v1/jobs", json=_job(data_yaml),
+                   headers=auth | {"Idempotency-Key": key.strip()})
+    assert r.status_code == 201, r.text
+    httpx.post(f"{stack.url}/v1/jobs/{r.json()['id']}/cancel", headers=auth)
+
+
+def test_method_not_allowed_way_out_runs(stack):
+    import httpx
+
+    auth = {"Authorization": f"Bearer {stack.token()}"}
+    r = httpx.delete(f"{stack.url}/v1/jobs", headers=auth)
+    assert r.status_code == 405, r.text
+    method = re.search(r"; use ([A-Z]+)", r.json()["detail"])
+    assert method, r.text
+    r = httpx.request(method[1], f"{stack.url}/v1/jobs", headers=auth,
+                      **({"json": {}} if method[1] == "POST" else {}))
+    assert r.status_code != 405, r.text
+
+
+def test_reserved_param_way_out_runs(stack, data_yaml):
+    """``params.data: set 'data' at the top level of the request``, through REST."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {stack.token()}"}
+    body = _job(data_yaml, params={"data": data_yaml, "epochs": 1})
+    r = httpx.post(f"{stack.url}/v1/jobs", json=body, headers=auth)
+    assert r.status_code == 422, r.text
+    key = re.search(r"set '(\w+)' at the top level", r.json()["detail"])
+    assert key, r.text
+    body[key[1]] = body["params"].pop(key[1])
+    r = httpx.post(f"{stack.url}/v1/jobs", json=body, headers=auth)
+    assert r.status_code == 201, r.text
+    httpx.post(f"{stack.url}/v1/jobs/{r.json()['id']}/cancel", headers=auth)
+
+
+def test_profile_nodes_way_out_runs_in_each_place(stack, data_yaml):
+    """A profile job on 2 nodes: the printed ``nodes=1`` works as a REST field and as the
+    service CLI's key=value (it was refused there: the CLI took only ``--nodes 1``)."""
+    import httpx
+
+    token = stack.token()
+    auth = {"Authorization": f"Bearer {token}"}
+    body = _job(data_yaml, kind="profile", nodes=2)
+    r = httpx.post(f"{stack.url}/v1/jobs", json=body, headers=auth)
+    assert r.status_code == 422, r.text
+    way = re.search(r"use (nodes)=(\d+)", r.json()["detail"])
+    assert way, r.text
+    r = httpx.post(f"{stack.url}/v1/jobs", json=body | {way[1]: int(way[2])}, headers=auth)
+    assert r.status_code == 201, r.text
+    httpx.post(f"{stack.url}/v1/jobs/{r.json()['id']}/cancel", headers=auth)
+
+    env = _env(stack, token)
+    args = ["jobs", "submit", "--kind", "profile", "-d", data_yaml, "--gpus", "0"]
+    bad = _service([*args, "--nodes", "2"], env)
+    assert bad.exit_code != 0, bad.output
+    way = re.search(r"use (nodes=\d+)", " ".join(bad.output.split()))
+    assert way, bad.output
+    ok = _service([*args, way[1]], env)  # as printed: key=value, beside the other keys
+    assert ok.exit_code == 0, ok.output
+    from libreyolo_client import Client
+
+    with Client(stack.url, token) as c:
+        assert c.job(ok.stdout.split()[0]).info.nodes == 1
+        c.cancel(ok.stdout.split()[0])
+
+
+def test_batch_larger_than_the_dataset_way_out_runs_in_each_place(stack, tmp_path):
+    """``use batch=N or less``: as a service CLI key, an SDK keyword and a REST param."""
+    import warnings
+
+    import httpx
+
+    from libreyolo_client import Client, SubmitWarning
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    token = stack.token()
+    with Client(stack.url, token) as c:
+        ds = c.upload_dataset(data.parent)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            job = c.train(data=ds.id, gpus=0, batch=64, epochs=1)
+        c.cancel(job.id)
+        said = " ".join(str(w.message) for w in caught if w.category is SubmitWarning)
+        way = re.search(r"use (batch)=(\d+) or less", said)
+        assert way, said
+        key, value = way[1], int(way[2])
+        # the SDK: the keyword as printed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            job = c.train(data=ds.id, gpus=0, epochs=1, **{key: value})
+        c.cancel(job.id)
+        assert not [w for w in caught if "partial batch" in str(w.message)], caught
+        # REST: the param as printed
+        r = httpx.post(f"{stack.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"},
+                       json=_job(ds.id, params={"epochs": 1, key: value}))
+        assert r.status_code == 201 and not any("partial batch" in w for w in
+                                                r.json().get("warnings") or []), r.text
+        c.cancel(r.json()["id"])
+        # the service CLI: key=value as printed
+        out = _service(["jobs", "submit", "-d", ds.id, "--gpus", "0", f"{key}={value}",
+                        "epochs=1"], _env(stack, token))
+        assert out.exit_code == 0 and "partial batch" not in out.output, out.output
+        c.cancel(out.stdout.split()[0])
+
+
+def test_unknown_model_way_out_runs(stack, data_yaml):
+    env = _env(stack)
+    bad = _service(["jobs", "submit", "-d", data_yaml, "--model", "m0123456", "--gpus", "0"],
+                   env)
+    assert bad.exit_code != 0, bad.output
+    args = _backticked(" ".join(bad.output.split()), "libreyolo-service models")
+    ok = _service(args, env)
+    assert ok.exit_code == 0, (args, ok.output)
+
+
+def test_tune_option_way_out_runs(stack, data_yaml):
+    """``--steps is a tune option: use it with --kind tune``: adding ``--kind tune``."""
+    token = stack.token()
+    env = _env(stack, token)
+    args = ["jobs", "submit", "-d", data_yaml, "--gpus", "0", "--steps", "7"]
+    bad = _service(args, env)
+    assert bad.exit_code == 2, bad.output
+    way = re.search(r"use it with (--kind \w+)", bad.output)
+    assert way, bad.output
+    ok = _service([*args, *way[1].split()], env)
+    assert ok.exit_code == 0, ok.output
+    from libreyolo_client import Client
+
+    with Client(stack.url, token) as c:
+        c.cancel(ok.stdout.split()[0])
+
+
+def test_no_worker_ways_out_run(tmp_path, data_yaml):
+    """The no-live-worker warning's ``libreyolo-service worker --cpu``, run as printed (a
+    real worker process on this service's database), ends the warning; with that CPU
+    worker live, a GPU job's warning names ``gpus=0``, which the service CLI takes as
+    printed. Its own API and database: the worker's heartbeat must not reach the shared
+    stack."""
+    import os
+    import shlex
+    import signal
+    import time
+
+    from testkit import ServerThread, fresh_database
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    with fresh_database("sqlite", tmp_path) as url:
+        settings = Settings(home=tmp_path / "home", database_url=url, broker_url="memory://",
+                            reaper_enabled=False, worker_heartbeat_s=0.5, worker_ttl_s=5)
+        app = create_app(settings)
+        srv = ServerThread(app).start()
+        worker = None
+        try:
+            _, token = make_user(app.state.sessions)
+            env = {"LIBREYOLO_URL": srv.url, "LIBREYOLO_TOKEN": token,
+                   "LIBREYOLO_NO_BROWSER": "1"}
+            args = ["jobs", "submit", "-d", data_yaml, "--gpus", "0", "epochs=1"]
+            first = _service(args, env)
+            assert first.exit_code == 0 and "no live worker" in first.output, first.output
+            cmd = _backticked(" ".join(first.output.split()), "libreyolo-service worker")
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", *cmd], cwd=tmp_path,
+                env=os.environ | {"LIBREYOLO_DATABASE_URL": url, "LIBREYOLO_HOME":
+                                  str(tmp_path / "home"), "LIBREYOLO_BROKER_URL": "memory://",
+                                  "LIBREYOLO_WORKER_HEARTBEAT_S": "0.5",
+                                  "LIBREYOLO_WORKER_TTL_S": "5"},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True)
+            deadline = time.monotonic() + 90
+            while True:  # the printed command's worker takes the queue: no more warning
+                assert worker.poll() is None, (shlex.join(cmd), worker.stdout.read())
+                again = _service(args, env)
+                assert again.exit_code == 0, again.output
+                if "no live worker" not in again.output:
+                    break
+                assert time.monotonic() < deadline, again.output
+                time.sleep(1)
+            gpu = _service(["jobs", "submit", "-d", data_yaml, "--gpus", "1", "epochs=1"], env)
+            assert gpu.exit_code == 0, gpu.output
+            way = re.search(r"submit with (gpus=\d+)", " ".join(gpu.output.split()))
+            assert way, gpu.output
+            ok = _service(["jobs", "submit", "-d", data_yaml, way[1], "epochs=1"], env)
+            assert ok.exit_code == 0 and "no live worker" not in ok.output, ok.output
+            from libreyolo_client import Client
+
+            with Client(srv.url, token) as c:
+                assert c.job(ok.stdout.split()[0]).info.gpus == 0
+        finally:
+            if worker is not None:
+                os.killpg(worker.pid, signal.SIGTERM)
+                try:
+                    worker.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(worker.pid, signal.SIGKILL)
+                    worker.wait(10)
+            srv.stop()
