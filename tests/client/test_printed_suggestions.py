@@ -133,6 +133,15 @@ def test_engine_command_did_you_mean_runs(typo):
     assert ok.returncode == 0, ok.stderr
 
 
+def test_engine_help_did_you_mean_runs():
+    bad = _engine("help", "trian")
+    assert bad.returncode == 2, bad.stderr
+    way = re.search(r"Did you mean '([a-z]+)'\?", bad.stderr)
+    assert way, bad.stderr
+    ok = _engine("help", way[1])
+    assert ok.returncode == 0 and ok.stdout.strip(), ok.stderr
+
+
 def test_engine_predict_ways_out_run(tmp_path):
     """``sav=true``'s did-you-mean, then each key that "nothing saved" names."""
     import shutil
@@ -353,6 +362,17 @@ def test_profile_nodes_way_out_runs_in_each_place(stack, data_yaml):
     assert r.status_code == 201, r.text
     httpx.post(f"{stack.url}/v1/jobs/{r.json()['id']}/cancel", headers=auth)
 
+    # two CPU ranks: "procs: ... use 1", the field named first
+    r = httpx.post(f"{stack.url}/v1/jobs", json=_job(data_yaml, kind="profile", procs=2),
+                   headers=auth)
+    assert r.status_code == 422, r.text
+    way = re.match(r"(\w+): .*; use (\d+)", r.json()["detail"])
+    assert way, r.text
+    r = httpx.post(f"{stack.url}/v1/jobs", headers=auth,
+                   json=_job(data_yaml, kind="profile", **{way[1]: int(way[2])}))
+    assert r.status_code == 201, r.text
+    httpx.post(f"{stack.url}/v1/jobs/{r.json()['id']}/cancel", headers=auth)
+
     env = _env(stack, token)
     args = ["jobs", "submit", "--kind", "profile", "-d", data_yaml, "--gpus", "0"]
     bad = _service([*args, "--nodes", "2"], env)
@@ -501,3 +521,237 @@ def test_no_worker_ways_out_run(tmp_path, data_yaml):
                     os.killpg(worker.pid, signal.SIGKILL)
                     worker.wait(10)
             srv.stop()
+
+
+def test_users_cap_unknown_user_way_out_runs(stack):
+    env = {"LIBREYOLO_DATABASE_URL": stack.settings.database_url}
+    bad = _service(["users", "cap", "nobody-by-this-name", "2"], env)
+    assert bad.exit_code == 2, bad.output
+    args = _backticked(bad.output, "libreyolo-service users")
+    ok = _service(args, env)
+    assert ok.exit_code == 0, (args, ok.output)
+
+
+def _service_cli(*args: str, cwd, env_extra: dict[str, str] | None = None):
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LIBREYOLO_HOME", "LIBREYOLO_DATABASE_URL")} | (env_extra or {})
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_no_service_database_ways_out_run(tmp_path):
+    """An admin command in a folder whose ./.libreyolo holds no service database prints
+    four ways out: ``--home PATH``, ``LIBREYOLO_HOME=PATH``, ``LIBREYOLO_DATABASE_URL=URL``
+    (PATH and URL: the service's), and ``libreyolo-service db upgrade`` (a new service, run
+    in the same folder). Each, as printed, lets the command work."""
+    from service.db.migrate import upgrade
+
+    home = tmp_path / "srv" / ".libreyolo"
+    home.mkdir(parents=True)
+    url = f"sqlite:///{home / 'libreyolo.db'}"
+    upgrade(url)
+    fill = {"PATH": str(home), "URL": url}
+    for i, cmd in enumerate((["token", "create", "--name", "alice"], ["users", "list"])):
+        here = tmp_path / f"elsewhere{i}"
+        here.mkdir()
+        bad = _service_cli(*cmd, cwd=here)
+        assert bad.returncode == 1, bad.stderr
+        said = " ".join(bad.stderr.split())
+        flag = re.search(r"(--home) (PATH)\b", said)
+        envs = re.findall(r"\b(LIBREYOLO_[A-Z_]+)=(PATH|URL)\b", said)
+        assert flag and len(envs) == 2, said
+        ok = _service_cli(*cmd, flag[1], fill[flag[2]], cwd=here)
+        assert ok.returncode == 0, (flag[0], ok.stderr)
+        for name, what in envs:
+            ok = _service_cli(*cmd, cwd=here, env_extra={name: fill[what]})
+            assert ok.returncode == 0, (name, ok.stderr)
+        assert list(here.iterdir()) == []  # none of them made a database here
+        # a new service: the printed `db upgrade`, in the same folder
+        upgrade_cmd = _backticked(said, "libreyolo-service db")
+        assert _service_cli(*upgrade_cmd, cwd=here).returncode == 0
+        ok = _service_cli(*cmd, cwd=here)
+        assert ok.returncode == 0, ok.stderr
+
+
+def test_uploaded_model_train_from_it_runs(stack, data_yaml, tmp_path):
+    """``models upload`` prints ``train from it: libreyolo-service jobs submit --model <id>
+    --data ...``; with the dataset in place of ``...`` it submits."""
+    from testkit import write_weights
+
+    token = stack.token()
+    env = _env(stack, token)
+    up = _service(["models", "upload", str(write_weights(tmp_path / "shapes.pt"))], env)
+    assert up.exit_code == 0, up.output
+    m = re.search(r"train from it: libreyolo-service (jobs submit .*)", up.output)
+    assert m, up.output
+    args = [data_yaml if a == "..." else a for a in m[1].split()]
+    ok = _service([*args, "--gpus", "0", "epochs=1"], env)
+    assert ok.exit_code == 0, (args, ok.output)
+    from libreyolo_client import Client
+
+    with Client(stack.url, token) as c:
+        c.cancel(ok.stdout.split()[0])
+
+
+@pytest.mark.slow  # a real 1-epoch training run, stopped in its second epoch, resumed twice
+def test_engine_interrupted_and_finished_runs_ways_out_run(tmp_path):
+    """SIGTERM prints ``resume with resume=<last.pt>``; that run ends; resuming it again
+    says "nothing to train (pass a larger epochs= ...)", and a larger epochs= trains on."""
+    import signal
+
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    run = subprocess.Popen([*ENGINE, "train", f"data={data}", "epochs=2", "imgsz=64",
+                            "workers=0", "device=cpu", f"project={tmp_path / 'runs'}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run.stdout is not None
+    for line in run.stdout:  # stopped once it trains its second epoch
+        if line.startswith("epoch 2/2"):
+            run.send_signal(signal.SIGTERM)
+            break
+    _, err = run.communicate(timeout=300)
+    way = re.search(r"resume with (resume=\S+)", err)
+    assert way, err[-2000:]
+    ok = _engine("train", way[1])
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    again = _engine("train", way[1])
+    assert "nothing to train" in again.stderr, again.stderr[-2000:]
+    key = re.search(r"pass a larger (\w+)=", again.stderr)
+    assert key, again.stderr[-2000:]
+    more = _engine("train", way[1], f"{key[1]}=3")
+    assert more.returncode == 0 and "nothing to train" not in more.stderr, more.stderr[-2000:]
+
+
+@pytest.mark.slow  # a real training job on the real engine, cancelled in its second epoch
+def test_cancelled_job_resume_way_out_runs(real_stack, tmp_path):
+    """A cancelled service job's log says ``resume with `libreyolo-service jobs resume <id>`
+    (POST /v1/jobs/<id>/resume, ...)``: both work as printed."""
+    import time
+
+    import httpx
+
+    from libreyolo_client import Client
+    from libreyolo_core.data.sample import generate_sample_dataset
+    from worker.runner import run_job
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    _, token = make_user(real_stack.sessions)
+    with Client(real_stack.url, token) as c:
+        job = c.train(data=str(data), gpus=0, epochs=30, imgsz=64, workers=0)
+        t = threading.Thread(target=run_job, args=(job.id,), daemon=True,
+                             kwargs={"settings": real_stack.settings,
+                                     "sessions": real_stack.sessions})
+        t.start()
+        deadline = time.monotonic() + 300
+        while not any(ln.startswith("epoch 2/") for ln in job.logs()):
+            assert time.monotonic() < deadline and t.is_alive(), list(job.logs())[-20:]
+            time.sleep(1)
+        c.cancel(job.id)
+        t.join(300)
+        log = "\n".join(job.logs())
+        cmd = re.search(r"resume with `(libreyolo-service jobs resume \S+)` \((POST) (\S+),", log)
+        assert cmd, log[-2000:]
+        r = _service(cmd[1].split()[1:], {"LIBREYOLO_URL": real_stack.url,
+                                          "LIBREYOLO_TOKEN": token})
+        assert r.exit_code == 0, r.output
+        new = r.stdout.split()[0]
+        c.cancel(new)
+        r = httpx.request(cmd[2], real_stack.url + cmd[3],
+                          headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code not in (404, 405, 422), r.text
+
+
+@pytest.mark.slow  # a real 2-step profile window on CPU
+def test_unreliable_profile_ways_out_run(tmp_path):
+    """A 2-step CPU profile is unreliable and compute-bound. Its advice ``use --steps N or
+    more`` and ``--repeat 3`` are ``profile run`` flags (given here at ``--batch 4`` on 2
+    images, they get past the parser to the window's exit 3, cheaply); its lever's
+    ``device=0`` is a training key (``gpus=1`` was printed: an unknown key to the engine)."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    first = _profile_run(data, tmp_path / "p0", "--batch", "1", "--warmup", "0", "--steps", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    out = " ".join((first.stdout + first.stderr).split())
+    assert "UNRELIABLE" in out, out[-3000:]
+    flags = [m.split() for m in re.findall(r"(--steps \d+) or more", out)]
+    flags += [m.split() for m in re.findall(r"\(libreyolo profile run DATA \.\.\. (--repeat \d+)\)",
+                                            out)]
+    assert len(flags) == 2, out[-3000:]
+    for i, flag in enumerate(flags):
+        r = _profile_run(data, tmp_path / f"p{i + 1}", "--batch", "4", *flag)
+        assert r.returncode == 3 and "the profile window must fit" in r.stderr, (flag, r.stderr)
+    gpu = re.search(r"train on a GPU \((\w+=\w+)", out)
+    assert gpu, out[-3000:]
+    r = _engine("train", f"data={data}", gpu[1], "epochs=1", "imgsz=64", "workers=0",
+                f"project={tmp_path / 'runs'}")
+    assert "unknown key" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0 or "does not exist" in r.stderr, r.stderr[-2000:]  # no CUDA here
+
+
+def test_submit_item_without_equals_way_out_runs(stack, data_yaml):
+    """``jobs submit ... epochs`` names the form ``(e.g. epochs=10 imgsz=320)``."""
+    token = stack.token()
+    env = _env(stack, token)
+    args = ["jobs", "submit", "-d", data_yaml, "--gpus", "0"]
+    bad = _service([*args, "epochs"], env)
+    assert bad.exit_code == 2, bad.output
+    printed = " ".join(re.sub(r"[│╭╮╰╯─]", " ", bad.output).split())  # Rich's box
+    way = re.search(r"e\.g\. ((?:\w+=\w+ ?)+)\)", printed)
+    assert way, bad.output
+    ok = _service([*args, *way[1].split()], env)
+    assert ok.exit_code == 0, ok.output
+    from libreyolo_client import Client
+
+    with Client(stack.url, token) as c:
+        c.cancel(ok.stdout.split()[0])
+
+
+def test_port_in_use_way_out_runs(tmp_path):
+    """``serve`` on a taken port says ``pass --port`` (it printed uvicorn's bind error and
+    exited 3; only ``up`` checked); ``serve --port <a free one>`` serves."""
+    import os
+    import signal
+    import socket
+    import time
+
+    import httpx
+    from testkit import free_port
+
+    env = {"LIBREYOLO_HOME": str(tmp_path / "home"), "LIBREYOLO_BROKER_URL": "memory://"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bad = _service_cli("serve", "--host", "127.0.0.1", "--port", str(port), cwd=tmp_path,
+                           env_extra=env)
+    assert bad.returncode == 1, bad.stderr
+    flag = re.search(r"pass (--port) to start a second service",
+                     " ".join(bad.stderr.split()))
+    assert flag, bad.stderr
+    other = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
+                            flag[1], str(other)], cwd=tmp_path, env=os.environ | env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert srv.poll() is None, srv.stderr.read() if srv.stderr else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{other}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        os.killpg(srv.pid, signal.SIGTERM)
+        try:
+            srv.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(srv.pid, signal.SIGKILL)
+            srv.wait(10)
