@@ -221,6 +221,13 @@ def test_engine_train_ways_out_chain_to_a_run_that_trains(tmp_path):
         args = _engine_way_out(r.stderr, args)
     assert r.returncode == 0, (args, r.stderr[-2000:])
     assert len(seen) >= 4, seen
+    # the run learned nothing in 1 epoch: its note names ``model=<model id or weights
+    # file>``; the run's own best.pt in the placeholder's place trains on
+    note = re.search(r"start from a trained model \((model)=<[^>]*>\)", r.stdout + r.stderr)
+    best = re.search(r"weights: (\S+best\.pt)", r.stdout + r.stderr)
+    assert note and best, r.stdout[-2000:]
+    more = _engine(*args, f"{note[1]}={best[1]}", "name=more")
+    assert more.returncode == 0, more.stderr[-2000:]
 
 
 def test_profile_tune_set_way_out_runs(tmp_path):
@@ -755,3 +762,31 @@ def test_port_in_use_way_out_runs(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(srv.pid, signal.SIGKILL)
             srv.wait(10)
+
+
+@pytest.mark.slow  # a real 1-epoch training job on the real engine
+def test_learned_nothing_note_way_out_runs(real_stack, tmp_path):
+    """A 1-epoch job from scratch ends with mAP50 near 0; ``jobs show`` notes "start from a
+    trained model (--model <model id> or job:<id>/weights/best.pt)": the job form, with
+    this job's id, submits."""
+    from libreyolo_client import Client
+    from libreyolo_core.data.sample import generate_sample_dataset
+    from worker.runner import run_job
+
+    data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
+    _, token = make_user(real_stack.sessions)
+    env = {"LIBREYOLO_URL": real_stack.url, "LIBREYOLO_TOKEN": token}
+    with Client(real_stack.url, token) as c:
+        job = c.train(data=str(data), gpus=0, epochs=1, imgsz=64, workers=0)
+        run_job(job.id, settings=real_stack.settings, sessions=real_stack.sessions)
+        assert job.refresh().status == "succeeded", job.info.error
+        shown = _service(["jobs", "show", job.id], env)
+        assert shown.exit_code == 0, shown.output
+        printed = " ".join(shown.output.split())
+        way = re.search(r"\((--model) <model id> or (job:<id>/\S+)\)", printed)
+        assert way, printed
+        model = way[2].replace("<id>", job.id)
+        ok = _service(["jobs", "submit", "-d", str(data), "--gpus", "0", way[1], model,
+                       "epochs=1", "imgsz=64"], env)
+        assert ok.exit_code == 0, ok.output
+        c.cancel(ok.stdout.split()[0])
