@@ -9,13 +9,22 @@ an unknown option.
 - the profile window's ways out: ``libreyolo profile run`` flags, ``libreyolo-service jobs
   submit --kind profile`` flags (a real job on the real engine), and the training keys in
   parentheses (the SDK's params);
-- the engine CLI: did-you-mean of a command and of a key, ``predict``'s "nothing saved"
-  keys, a chain of training-key mistakes followed to a run that trains (``use X``,
-  ``Did you mean``, ``imgsz ... use 64 or 96``, ``device ... use cpu``), ``--set KEY=VALUE``;
-- the service: the CLI's did-you-mean, the 401's ``token create``, an empty
+- the engine CLI: did-you-mean of a command, of ``help TOPIC`` and of a key, ``predict``'s
+  "nothing saved" keys, a chain of training-key mistakes followed to a run that trains
+  (``Did you mean``, ``imgsz ... use 64 or 96``, ``use mosaic_buffer=0 or loader=cpu``,
+  ``use loader=cpu``, ``device ... use device=cpu``) and its "learned nothing" note's
+  ``model=``, ``profile tune --set KEY=VALUE``, an interrupted run's ``resume=<last.pt>``
+  and a finished one's ``epochs=``, an unreliable profile's ``--steps N``, ``--repeat 3`` and
+  its CPU lever's ``device=0``;
+- the service: the CLI's did-you-mean, the 401's ``token create --name NAME``, an empty
   Idempotency-Key's command, a 405's method, ``params.data``'s "top level", a profile job's
-  ``nodes=1``, the batch-larger-than-the-dataset warning, an unknown model's ``models
-  list``, ``--steps``' ``--kind tune``, and the no-worker warning's ``worker --cpu``.
+  ``nodes=1`` and ``use 1``, the batch-larger-than-the-dataset warning's ``batch=N``, an
+  unknown model's ``models list``, ``--steps``' ``--kind tune``, the key=value example,
+  the no-worker warning's ``worker --cpu`` and ``gpus=0``, ``users list``, the
+  no-database ways (``--home``, ``LIBREYOLO_HOME``, ``LIBREYOLO_DATABASE_URL``, ``db
+  upgrade``), ``models upload``'s "train from it", ``serve``'s ``--port``, a cancelled
+  job's ``jobs resume`` / ``POST .../resume``, the "learned nothing" note's ``--model
+  job:<id>/...``.
 """
 
 from __future__ import annotations
@@ -180,6 +189,8 @@ def _engine_way_out(stderr: str, args: list[str]) -> list[str]:
 
     if m := re.search(r"unknown key '(\w+)'\. Did you mean (\w+)", text):
         return [f"{m[2]}={a.split('=', 1)[1]}" if a.startswith(f"{m[1]}=") else a for a in args]
+    if m := re.search(r"unknown model '\S+'\. Did you mean '(\S+)'\?", text):
+        return put("model", m[1])
     if m := re.search(r"(\w+)=\S+ must be a multiple of \d+ for \S+; use (\d+) or \d+", text):
         return put(m[1], m[2])
     if m := re.search(r"device=\S+ is invalid: use (.*)", text):
@@ -195,13 +206,13 @@ def _engine_way_out(stderr: str, args: list[str]) -> list[str]:
 
 @pytest.mark.slow  # the chain ends in a real 1-epoch training run (about 20 s)
 def test_engine_train_ways_out_chain_to_a_run_that_trains(tmp_path):
-    """Four mistakes at once; each error's way out, applied as printed, gets past that
+    """Five mistakes at once; each error's way out, applied as printed, gets past that
     error, and the last run trains."""
     from libreyolo_core.data.sample import generate_sample_dataset
 
     data = generate_sample_dataset(tmp_path / "two", n_train=2, n_val=1, imgsz=64, seed=3)
-    args = ["train", f"data={data}", "epoch=1", "imgsz=65", "loader=gpu", "mosaic_buffer=4",
-            "device=gpu", "workers=0", f"project={tmp_path / 'runs'}"]
+    args = ["train", f"data={data}", "model=yolo9t", "epoch=1", "imgsz=65", "loader=gpu",
+            "mosaic_buffer=4", "device=gpu", "workers=0", f"project={tmp_path / 'runs'}"]
     seen: list[str] = []
     for _ in range(8):
         r = _engine(*args)
@@ -212,7 +223,7 @@ def test_engine_train_ways_out_chain_to_a_run_that_trains(tmp_path):
         seen.append(last)
         args = _engine_way_out(r.stderr, args)
     assert r.returncode == 0, (args, r.stderr[-2000:])
-    assert len(seen) >= 4, seen
+    assert len(seen) >= 5, seen
     # the run learned nothing in 1 epoch: its note names ``model=<model id or weights
     # file>``; the run's own best.pt in the placeholder's place trains on
     note = re.search(r"start from a trained model \((model)=<[^>]*>\)", r.stdout + r.stderr)
