@@ -342,8 +342,27 @@ def submit(
     the tune options (--repeat, --steps, --warmup, --max-candidates, --budget-s,
     --min-gain); ``--kind profile`` takes --steps and --warmup (its window, the keys
     profile_steps and profile_warmup), as ``libreyolo profile run`` does; --batch N is
-    batch=N; ``preflight=true`` asks a train job for its estimate first."""
+    batch=N; ``preflight=true`` asks a train job for its estimate first; ``gpus=0``,
+    ``procs=2``, ``nodes=1``, ``priority=5`` are their flags (the service's messages print
+    that form)."""
     keys = parse_params(params or [])
+    # the job's own fields given as key=value (`nodes=1`, `gpus=0`: the form the service's
+    # errors and warnings print) count as their flags
+    fields: dict[str, int | None] = {"gpus": gpus, "procs": procs, "nodes": nodes,
+                                     "priority": priority}
+    unset = {"gpus": None, "procs": 1, "nodes": 1, "priority": 0}
+    for key in [k for k in fields if k in keys]:
+        value = keys.pop(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            typer.secho(f"error: {key}={value!r} is not an integer", fg="red", err=True)
+            raise typer.Exit(2)
+        if fields[key] not in (unset[key], value):
+            typer.secho(f"error: {key}={value} and --{key} say {fields[key]}: give one",
+                        fg="red", err=True)
+            raise typer.Exit(2)
+        fields[key] = value
+    gpus = fields["gpus"]
+    procs, nodes, priority = (int(fields[k] or 0) for k in ("procs", "nodes", "priority"))
     flag_keys = {"batch": batch}
     if kind == "profile":  # the window flags of `libreyolo profile run`, as training keys
         flag_keys |= {"profile_steps": steps, "profile_warmup": warmup}

@@ -164,6 +164,7 @@ def serve(
     from service.nodelay import NoDelayHttpToolsProtocol
 
     settings = _settings()
+    _require_free_port(host, port)  # a taken port: the way out, not uvicorn's bind error
     upgrade(settings.database_url)
     # several processes: uvicorn's supervisor imports the factory in each (settings from
     # the same environment); see docs/scaling.md

@@ -247,7 +247,7 @@ def init_distributed(device: str | int | list[int] | None) -> tuple[DistContext,
     text = "auto" if device is None else str(device).strip().lower()
     if text == "mps":
         raise DeviceError("device='mps' cannot train under DDP (no collective backend for MPS); "
-                          "use device='cpu' or CUDA devices")
+                          "use device=cpu or CUDA devices")
     # a malformed value or a missing CUDA index fails here, on every rank
     names = parse_devices(device) if text != "cpu" else ["cpu"]
     use_cuda = torch.cuda.is_available() and text != "cpu"

@@ -28,7 +28,7 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
     if text == "mps":
         if not _mps_available():
             raise DeviceError("device='mps': Apple's Metal (MPS) is not available on this machine; "
-                              "use 'cpu' or a CUDA device")
+                              "use device=cpu or a CUDA device")
         return [text]
     if text == "cpu":
         return [text]
@@ -37,8 +37,8 @@ def parse_devices(device: str | int | list[int] | None) -> list[str]:
     parts = [p.removeprefix("cuda:") for p in text.split(",") if p]
     if not parts or not all(p.isdigit() for p in parts):
         raise DeviceError(
-            f"device={device!r} is invalid: use 'auto', 'cpu', 'mps', a CUDA index like 0 or "
-            "'cuda:0', or several like '0,1'"
+            f"device={device!r} is invalid: use device=auto, device=cpu, device=mps, a CUDA "
+            "index like device=0 or device=cuda:0, or several like device=0,1"
         )
     count = torch.cuda.device_count()
     bad = [p for p in parts if int(p) >= count]

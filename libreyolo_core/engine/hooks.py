@@ -264,7 +264,7 @@ class NonFiniteGuard(HookBase):
         if not finite and st.nonfinite_streak >= MAX_NONFINITE_STREAK:
             raise NonFiniteLossError(
                 f"{st.nonfinite_streak} non-finite losses in a row at epoch {st.epoch + 1}: the run diverged; "
-                "try amp=False or a lower lr0")
+                f"try {self._ways_out()}")
 
     def after_train_epoch(self) -> None:
         t, m = self.trainer, self.trainer.meter
@@ -274,7 +274,14 @@ class NonFiniteGuard(HookBase):
             why = (f"every loss was non-finite, the first at {self.first_bad}" if not m.counted else
                    "every step had non-finite gradients (skipped by the AMP GradScaler or the fp32 check)")
             raise NonFiniteLossError(f"epoch {t.state.epoch + 1}: no optimizer step was taken in {m.steps} "
-                                     f"steps: {why}. The run diverged; try amp=False or a lower lr0")
+                                     f"steps: {why}. The run diverged; try {self._ways_out()}")
+
+    def _ways_out(self) -> str:
+        """What to try after a divergence, as training keys with values: a tenth of ``lr0``,
+        and ``amp=False`` only when AMP is on (on the CPU it never is)."""
+        t = self.trainer
+        lower = f"a lower lr0 (lr0={t.cfg.lr0 / 10:g})"
+        return f"amp=False or {lower}" if t.parts.amp.enabled else lower
 
 
 class ValidationHook(HookBase):

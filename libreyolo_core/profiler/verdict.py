@@ -140,7 +140,8 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
     elif bound == COMPUTE:
         if cpu:
             why = "the CPU is busy computing: no training key makes it faster"
-            also += ["train on a GPU (gpus=1)", "a smaller model or imgsz"]
+            also += ["train on a GPU (device=0; a service job: gpus=1)",
+                     "a smaller model or imgsz"]
         elif not config.get("amp", True):
             params["amp"] = True
             why = "the device is saturated in fp32: AMP puts gemm/conv on Tensor Cores"

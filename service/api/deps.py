@@ -144,7 +144,7 @@ def current_user(request: Request, session: Session, settings: Settings) -> User
             session.commit()
         return user
     raise Problem(401, "missing bearer token: send 'Authorization: Bearer <token>' "
-                  "(create one with `libreyolo-service token create`)", headers=_UNAUTHORIZED)
+                  "(create one with `libreyolo-service token create --name NAME`)", headers=_UNAUTHORIZED)
 
 
 def _current_user_in_own_session(request: Request, settings: Settings) -> User:

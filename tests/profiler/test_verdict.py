@@ -113,7 +113,7 @@ def test_lever_is_the_keys_to_try_with_values():
     assert not any("compile" in a for a in lever(V.HOST, {**run, "device": "cpu"})["also"])
     assert lever(V.COMPUTE, {**run, "amp": False})["params"] == {"amp": True}
     cpu = lever(V.COMPUTE, {**run, "device": "cpu"})
-    assert cpu["params"] == {} and "train on a GPU (gpus=1)" in cpu["also"]
+    assert cpu["params"] == {} and "train on a GPU (device=0; a service job: gpus=1)" in cpu["also"]
     assert lever(V.MIXED, run)["params"] == {}
     for bound in (*V.VERDICTS, V.MIXED):  # every suggestion is a valid training config
         out = lever(bound, run, cpu_count=8)
