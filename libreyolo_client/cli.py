@@ -22,7 +22,7 @@ import typer
 
 from libreyolo_client._client import Client, Job
 from libreyolo_client._errors import JobError, LibreYOLOError, SubmitWarning, ValidationError
-from libreyolo_client._models import Event, JobInfo
+from libreyolo_client._models import Event, JobInfo, TuneReport
 from libreyolo_client._progress import (
     data_text,
     format_bytes,
@@ -35,6 +35,7 @@ from libreyolo_client._progress import (
     unreliable_reasons,
     verdict_text,
 )
+from libreyolo_client._results import JobResult, LeverAdvice
 
 __all__ = ["jobs_app", "parse_params", "tune_table", "preflight_text", "node_lines"]
 
@@ -129,12 +130,12 @@ def _summary(info: JobInfo) -> str:
     if info.status in ("running", "cancelling"):
         return "starting (setting up the run)"
     if info.status == "succeeded":
-        res = info.result or {}
-        if res.get("answer"):  # a tune job
-            return str(res["answer"])
-        if res.get("verdict"):
-            return f"verdict {verdict_text(res).split(':', 1)[0]}"
-        return format_metrics(res.get("metrics"), ("mAP50-95",))
+        res = JobResult.of(info.result)
+        if res.answer:  # a tune job
+            return res.answer
+        if res.verdict:
+            return f"verdict {verdict_text(info.result or {}).split(':', 1)[0]}"
+        return format_metrics(res.metrics, ("mAP50-95",))
     if info.status == "failed":
         return str((info.error or {}).get("reason", ""))
     if info.status == "queued" and info.waiting:
@@ -192,6 +193,67 @@ def queue_text(info: JobInfo) -> str:
     return text
 
 
+class _Follower:
+    """The lines and the bar :func:`follow` shows for each event of a job."""
+
+    def __init__(self, job: Job, bar: Any, task: Any, logs: bool):
+        self.job, self.bar, self.task, self.logs = job, bar, task, logs
+
+    def say(self, text: str, **kw: Any) -> None:
+        self.bar.console.print(text, **kw)
+
+    def __call__(self, ev: Event) -> None:
+        d, name = ev.data, ev.name
+        if name in ("progress", "epoch_start") and d.get("epochs"):
+            self.epoch_progress(d)
+        elif name == "progress" and d.get("phase") == "tuning" and d.get("trials_planned"):
+            self.bar.update(self.task, total=int(d["trials_planned"]),
+                            completed=int(d.get("trials_done") or 0),
+                            detail=progress_text(d).replace("  ", " "))
+        elif name == "profile":
+            self.say(f"verdict: {verdict_text(d)}", markup=False, highlight=False)
+        elif name in self.LINES:
+            self.say(self.LINES[name](d))
+        elif name == "status":
+            self.bar.update(self.task, description=f"{self.job.id} {d.get('status')}")
+            self.say(f"status: {status_text(d)}", markup=False, highlight=False)
+        elif name == "gang" or (ev.kind == "log" and self.logs):
+            prefix = "nodes: " if name == "gang" else ""  # a node slot taken or released
+            for ln in d.get("lines") or []:
+                self.say(f"{prefix}{ln}", markup=False, highlight=False)
+
+    def epoch_progress(self, d: dict[str, Any]) -> None:
+        """The bar over the steps of all epochs (it stays at the epoch's end while
+        validating)."""
+        if d.get("phase") == "validating":
+            self.bar.update(self.task, detail=progress_text(d).replace("  ", " "))
+            return
+        steps = int(d.get("steps") or 1)
+        total = int(d["epochs"]) * steps
+        done = (int(d.get("epoch") or 1) - 1) * steps + int(d.get("step") or 0)
+        self.bar.update(self.task, total=total, completed=done,
+                        detail=f"epoch {d.get('epoch')}/{d['epochs']}")
+
+    @staticmethod
+    def _epoch_end(d: dict[str, Any]) -> str:
+        losses = "  ".join(f"{k} {v:.3f}" for k, v in (d.get("losses") or {}).items()
+                           if isinstance(v, int | float))
+        return f"epoch {d.get('epoch')}/{d.get('epochs')}  {losses}  {format_metrics(d.get('metrics'))}"
+
+    @staticmethod
+    def _tune_candidate(d: dict[str, Any]) -> str:
+        sig = significance_word(d.get("significant"))
+        return (f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, {sig}"
+                + (", recommendable" if d.get("recommendable") else ""))
+
+    #: One printed line per event of these names.
+    LINES: dict[str, Any] = {
+        "epoch_end": _epoch_end,
+        "tune_candidate": _tune_candidate,
+        "preflight": lambda d: preflight_text(d),
+    }
+
+
 def follow(job: Job, *, logs: bool = False) -> JobInfo:
     """Follow a job with a progress bar (steps of all epochs) and one line per epoch.
 
@@ -206,72 +268,32 @@ def follow(job: Job, *, logs: bool = False) -> JobInfo:
                   TextColumn("{task.fields[detail]}"), TimeRemainingColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task(f"{job.id} {job.status}", total=None, detail="")
-
-        def on_event(ev: Event) -> None:
-            d, name = ev.data, ev.name
-            if name == "status":
-                bar.update(task, description=f"{job.id} {d.get('status')}")
-                bar.console.print(f"status: {status_text(d)}", markup=False, highlight=False)
-            elif name == "gang":  # a node slot of a multi-node job taken or released
-                for ln in d.get("lines") or []:
-                    bar.console.print(f"nodes: {ln}", markup=False, highlight=False)
-            elif name in ("progress", "epoch_start") and d.get("epochs"):
-                if d.get("phase") == "validating":  # the bar stays at the epoch's end
-                    bar.update(task, detail=progress_text(d).replace("  ", " "))
-                    return
-                steps = int(d.get("steps") or 1)
-                total = int(d["epochs"]) * steps
-                done = (int(d.get("epoch") or 1) - 1) * steps + int(d.get("step") or 0)
-                bar.update(task, total=total, completed=done,
-                           detail=f"epoch {d.get('epoch')}/{d['epochs']}")
-            elif name == "epoch_end":
-                losses = "  ".join(f"{k} {v:.3f}" for k, v in (d.get("losses") or {}).items()
-                                   if isinstance(v, int | float))
-                bar.console.print(f"epoch {d.get('epoch')}/{d.get('epochs')}  {losses}  "
-                                  f"{format_metrics(d.get('metrics'))}")
-            elif name == "profile":
-                bar.console.print(f"verdict: {verdict_text(d)}", markup=False, highlight=False)
-            elif name == "progress" and d.get("phase") == "tuning" and d.get("trials_planned"):
-                bar.update(task, total=int(d["trials_planned"]),
-                           completed=int(d.get("trials_done") or 0),
-                           detail=progress_text(d).replace("  ", " "))
-            elif name == "tune_candidate":
-                sig = significance_word(d.get("significant"))
-                bar.console.print(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, "
-                                  f"{sig}" + (", recommendable" if d.get("recommendable") else ""))
-            elif name == "preflight":
-                bar.console.print(preflight_text(d))
-            elif ev.kind == "log" and logs:
-                for ln in d.get("lines") or []:
-                    bar.console.print(ln, markup=False, highlight=False)
-
-        return job.wait(on_event=on_event)
+        return job.wait(on_event=_Follower(job, bar, task, logs))
 
 
 def _print_final(info: JobInfo) -> None:
-    res = info.result or {}
+    raw = info.result or {}
+    res = JobResult.of(raw)
     line = f"{info.id}: {info.status}"
-    if res.get("metrics"):
-        line += "  " + format_metrics(res["metrics"])
-    if res.get("verdict") and not res.get("tune"):
-        line += f"  verdict {verdict_text(res)}"
+    if res.metrics:
+        line += "  " + format_metrics(res.metrics)
+    if res.verdict and not res.tune:
+        line += f"  verdict {verdict_text(raw)}"
     typer.echo(line)
-    if data_text(res):
-        typer.echo(f"data: {data_text(res)}")
-    note = learned_note(res, info.model) if info.status == "succeeded" else None
+    if data_text(raw):
+        typer.echo(f"data: {data_text(raw)}")
+    note = learned_note(raw, info.model) if info.status == "succeeded" else None
     if note:
         typer.echo(f"note: {note}")
-    if isinstance(res.get("tune"), dict):
-        typer.echo(tune_table(res["tune"]))
-    if isinstance(res.get("preflight"), dict):
-        typer.echo(preflight_text(res["preflight"]))
+    if res.tune is not None:
+        typer.echo(tune_table(res.tune))
+    if isinstance(raw.get("preflight"), dict):
+        typer.echo(preflight_text(raw["preflight"]))
 
 
-def tune_table(tune: dict[str, Any]) -> str:
+def tune_table(tune: TuneReport | dict[str, Any]) -> str:
     """A tune result as a text table (one row per configuration), then its answer."""
-    from libreyolo_client._models import TuneReport
-
-    t = TuneReport.model_validate(tune)
+    t = tune if isinstance(tune, TuneReport) else TuneReport.model_validate(tune)
     out = [f"{'configuration':32s} {'img/s (mean ± std, n)':>22s} {'step ms':>8s} "
            f"{'verdict':>12s} {'signif.':>8s} {'gain':>6s}"]
     for r in t.rows:
@@ -346,8 +368,39 @@ def submit(
     ``procs=2``, ``nodes=1``, ``priority=5`` are their flags (the service's messages print
     that form)."""
     keys = parse_params(params or [])
-    # the job's own fields given as key=value (`nodes=1`, `gpus=0`: the form the service's
-    # errors and warnings print) count as their flags
+    gpus, procs, nodes, priority = _job_fields(keys, gpus=gpus, procs=procs, nodes=nodes,
+                                               priority=priority)
+    keys = _with_flags(keys, kind, batch=batch,
+                       steps=steps if kind == "profile" else None,
+                       warmup=warmup if kind == "profile" else None)
+    if kind == "profile":  # the window flags were training keys
+        steps = warmup = None
+    options = _tune_options(kind, repeat=repeat, steps=steps, warmup=warmup,
+                            max_candidates=max_candidates, budget_s=budget_s, min_gain=min_gain)
+    with _client() as c, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
+        job = c.submit(kind, model, data, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
+                       time_budget_s=time_budget_s, params=keys,
+                       tune=options if kind == "tune" else None)
+        typer.echo(job.id)
+        for text in job.info.warnings:
+            typer.echo(f"warning: {text}", err=True)
+        typer.echo(f"page: {job.page_url}", err=True)
+        if follow_:
+            _print_final(follow(job))
+
+
+def _job_fields(keys: dict[str, Any], *, gpus: int | None, procs: int, nodes: int,
+                priority: int) -> tuple[int | None, int, int, int]:
+    """The job's own fields given as key=value (``nodes=1``, ``gpus=0``: the form the
+    service's errors and warnings print) count as their flags: taken out of ``keys``.
+
+    Returns:
+        ``(gpus, procs, nodes, priority)``.
+
+    Raises:
+        typer.Exit: 2, a value that is no integer, or a key and its flag that differ.
+    """
     fields: dict[str, int | None] = {"gpus": gpus, "procs": procs, "nodes": nodes,
                                      "priority": priority}
     unset = {"gpus": None, "procs": 1, "nodes": 1, "priority": 0}
@@ -361,12 +414,22 @@ def submit(
                         fg="red", err=True)
             raise typer.Exit(2)
         fields[key] = value
-    gpus = fields["gpus"]
     procs, nodes, priority = (int(fields[k] or 0) for k in ("procs", "nodes", "priority"))
-    flag_keys = {"batch": batch}
-    if kind == "profile":  # the window flags of `libreyolo profile run`, as training keys
+    return fields["gpus"], procs, nodes, priority
+
+
+def _with_flags(keys: dict[str, Any], kind: str, *, batch: int | None, steps: int | None,
+                warmup: int | None) -> dict[str, Any]:
+    """``keys`` with the flags that are training keys: ``--batch`` (batch), and for a
+    profile job ``--steps`` and ``--warmup`` (its window: profile_steps, profile_warmup,
+    as ``libreyolo profile run`` takes them).
+
+    Raises:
+        typer.Exit: 2, a key and its flag given with different values.
+    """
+    flag_keys: dict[str, Any] = {"batch": batch}
+    if kind == "profile":
         flag_keys |= {"profile_steps": steps, "profile_warmup": warmup}
-        steps = warmup = None
     for key, value in flag_keys.items():
         if value is None:
             continue
@@ -375,26 +438,23 @@ def submit(
                         err=True)
             raise typer.Exit(2)
         keys[key] = value
-    options = {k: v for k, v in (("repeat", repeat), ("steps", steps), ("warmup", warmup),
-                                 ("max_candidates", max_candidates), ("budget_s", budget_s),
-                                 ("min_gain", min_gain)) if v is not None}
+    return keys
+
+
+def _tune_options(kind: str, **flags: Any) -> dict[str, Any]:
+    """The tune options given as flags (those not ``None``).
+
+    Raises:
+        typer.Exit: 2, a tune option given to a job of another kind.
+    """
+    options = {k: v for k, v in flags.items() if v is not None}
     if options and kind != "tune":
         first = next(iter(options)).replace("_", "-")
         also = " (or with --kind profile)" if first in ("steps", "warmup") else ""
         typer.secho(f"error: --{first} is a tune option: use it with --kind tune{also}",
                     fg="red", err=True)
         raise typer.Exit(2)
-    with _client() as c, warnings.catch_warnings():
-        warnings.simplefilter("ignore", SubmitWarning)  # printed below, as a plain line
-        job = c.submit(kind, model, data, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
-                       time_budget_s=time_budget_s, params=keys,
-                       tune=options if kind == "tune" else None)
-        typer.echo(job.id)
-        for text in job.info.warnings:
-            typer.echo(f"warning: {text}", err=True)
-        typer.echo(f"page: {job.page_url}", err=True)
-        if follow_:
-            _print_final(follow(job))
+    return options
 
 
 @jobs_app.command("list")
@@ -438,61 +498,84 @@ def show(
         if as_json:
             typer.echo(i.model_dump_json(indent=2))
             return
-        typer.echo(f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.started_from or i.model}\n"
-                   f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
-                   f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
-                   + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
-                   + (f": {i.waiting}" if i.waiting else ""))
-        if i.end_class:  # how the last attempt ended: infrastructure, job or user
-            retries = f" ({i.infra_retries} infrastructure re-queue" \
-                      f"{'s' if i.infra_retries != 1 else ''})" if i.infra_retries else ""
-            typer.echo(f"ended:    {i.end_class}: {i.end_reason or ''}{retries}".rstrip())
-        for line in node_lines(i):
+        for line in [*_head_lines(i), *_result_lines(i), *_error_lines(i)]:
             typer.echo(line)
-        if line := cluster_line(i):
-            typer.echo(line)
-        if i.status == "queued" and queue_text(i):
-            typer.echo(f"queue:    {queue_text(i)} (priority {i.priority}, effective "
-                       f"{i.effective_priority})")
-        if i.progress and not i.done:
-            p = i.progress
-            typer.echo(f"progress: {progress_text(p)}  {format_metrics(p.get('metrics'))}".rstrip())
-        if i.duration_s is not None:
-            typer.echo(f"duration: {i.duration_s:.1f} s")
-        res = i.result or {}
-        if isinstance(res.get("tune"), dict):
-            typer.echo(tune_table(res["tune"]))
-        elif i.status == "succeeded":
-            if i.kind != "profile" and res.get("best_epoch"):  # a profile job trains no best
-                typer.echo(f"best:     epoch {res.get('best_epoch')}  "
-                           f"{format_metrics(res.get('metrics'))}")
-            note = learned_note(res, i.model)
-            if note:
-                typer.echo(f"note:     {note}")
-            if res.get("verdict"):
-                typer.echo(f"verdict:  {verdict_text(res)}")
-                if unreliable_reasons(res):
-                    typer.echo(f"          UNRELIABLE: {unreliable_reasons(res)}")
-                lever = res.get("lever") or {}
-                if lever:
-                    tried = " ".join(f"{k}={v}" for k, v in (lever.get("params") or {}).items())
-                    typer.echo(f"lever:    {('try ' + tried + ' — ') if tried else ''}"
-                               f"{lever.get('why') or ''}")
-                    for tip in lever.get("also") or []:
-                        typer.echo(f"          also: {tip}")
-        if data_text(res):
-            typer.echo(f"data:     {data_text(res)}")
-        pf = res.get("preflight") or (i.progress or {}).get("preflight")
-        if isinstance(pf, dict) and pf.get("total_s") is not None:
-            typer.echo(preflight_text(pf))
-        if i.error:
-            typer.echo(f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})")
-            if i.error.get("engine_error"):
-                rank = i.error.get("failed_rank")
-                typer.echo(f"cause:    {i.error['engine_error']}" + (f" (rank {rank})" if rank is not None else ""))
-            for ln in i.error.get("log_tail") or []:
-                typer.echo(f"    {ln}")
         typer.echo(f"page:     {job.page_url}")
+
+
+def _head_lines(i: JobInfo) -> list[str]:
+    """``jobs show``'s first lines: what the job is, its status and how the last attempt
+    ended, its nodes, its place in the queue, its progress and duration."""
+    out = [f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.started_from or i.model}\n"
+           f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
+           f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
+           + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
+           + (f": {i.waiting}" if i.waiting else "")]
+    if i.end_class:  # how the last attempt ended: infrastructure, job or user
+        retries = f" ({i.infra_retries} infrastructure re-queue" \
+                  f"{'s' if i.infra_retries != 1 else ''})" if i.infra_retries else ""
+        out.append(f"ended:    {i.end_class}: {i.end_reason or ''}{retries}".rstrip())
+    out += node_lines(i)
+    if line := cluster_line(i):
+        out.append(line)
+    if i.status == "queued" and queue_text(i):
+        out.append(f"queue:    {queue_text(i)} (priority {i.priority}, effective "
+                   f"{i.effective_priority})")
+    if i.progress and not i.done:
+        p = i.progress
+        out.append(f"progress: {progress_text(p)}  {format_metrics(p.get('metrics'))}".rstrip())
+    if i.duration_s is not None:
+        out.append(f"duration: {i.duration_s:.1f} s")
+    return out
+
+
+def _result_lines(i: JobInfo) -> list[str]:
+    """``jobs show``'s result: a tune's table, or a finished job's best epoch, note and
+    verdict with its lever; the data scan; the preflight estimate."""
+    raw = i.result or {}
+    res = JobResult.of(raw)
+    out = []
+    if res.tune is not None:
+        out.append(tune_table(res.tune))
+    elif i.status == "succeeded":
+        if i.kind != "profile" and res.best_epoch:  # a profile job trains no best
+            out.append(f"best:     epoch {res.best_epoch}  {format_metrics(res.metrics)}")
+        note = learned_note(raw, i.model)
+        if note:
+            out.append(f"note:     {note}")
+        if res.verdict:
+            out += _verdict_lines(raw, res.lever)
+    if data_text(raw):
+        out.append(f"data:     {data_text(raw)}")
+    pf = res.preflight or (i.progress or {}).get("preflight")
+    if isinstance(pf, dict) and pf.get("total_s") is not None:
+        out.append(preflight_text(pf))
+    return out
+
+
+def _verdict_lines(raw: dict[str, Any], lever: LeverAdvice | None) -> list[str]:
+    """A profile job's verdict, why it may be unreliable, and its lever."""
+    out = [f"verdict:  {verdict_text(raw)}"]
+    if unreliable_reasons(raw):
+        out.append(f"          UNRELIABLE: {unreliable_reasons(raw)}")
+    if lever is not None and lever.model_fields_set:
+        tried = " ".join(f"{k}={v}" for k, v in lever.params.items())
+        out.append(f"lever:    {('try ' + tried + ' — ') if tried else ''}{lever.why}")
+        out += [f"          also: {tip}" for tip in lever.also]
+    return out
+
+
+def _error_lines(i: JobInfo) -> list[str]:
+    """``jobs show``'s error: the reason, the engine's error and the log's last lines."""
+    if not i.error:
+        return []
+    out = [f"error:    {i.error.get('reason')} (exit code {i.error.get('exit_code')})"]
+    if i.error.get("engine_error"):
+        rank = i.error.get("failed_rank")
+        out.append(f"cause:    {i.error['engine_error']}"
+                   + (f" (rank {rank})" if rank is not None else ""))
+    out += [f"    {ln}" for ln in i.error.get("log_tail") or []]
+    return out
 
 
 @jobs_app.command("logs")

@@ -58,7 +58,7 @@ def format_summary(profile: ProfileRecord | Mapping[str, Any]) -> str:
         f"{_f(p.dataload_ms, 1, ' ms')} ({100 * frac:.0f}%)"
     )
     lines += _utilisation_lines(p)
-    lines.append(f"verdict: {p.bound} — {p.bound_why}")
+    lines.append(f"verdict: {p.verdict} — {p.bound_why}")
     lines += confidence_lines(p)
     lines += _lever_lines(p)
     if p.categories:
@@ -355,7 +355,7 @@ def compare_profiles(before: ProfileRecord | Mapping[str, Any],
             "host_overhead_ms_per_step": pair("host_overhead_ms_per_step"),
             "launches_per_step": pair("launches_per_step"),
         },
-        bound={"before": a.bound, "after": b.bound},
+        bound={"before": a.verdict, "after": b.verdict},
         significance=sig,
         load={"before": side_load(a), "after": side_load(b)},
         reliable={"before": reliable(a), "after": reliable(b)},

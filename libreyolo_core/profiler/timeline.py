@@ -193,9 +193,9 @@ def _panel(p: ProfileRecord) -> str:
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
     return (
-        f'<div class="verdict v-{html.escape(str(p.bound).replace("/", "-"))}">'
+        f'<div class="verdict v-{html.escape(str(p.verdict).replace("/", "-"))}">'
         '<div class="label">verdict</div>'
-        f'<div class="bound">{html.escape(str(p.bound))}</div>'
+        f'<div class="bound">{html.escape(str(p.verdict))}</div>'
         f"<p>{html.escape(str(p.bound_why))}</p>"
         f'<p class="lever"><b>lever:</b> {html.escape(str(p.levers if "levers" in p.model_fields_set else ""))}</p>'
         f'<p class="confidence">{html.escape(sure)}</p></div>'
@@ -328,11 +328,11 @@ def render_timeline(profile: ProfileRecord | Mapping[str, Any],
     rec = ProfileRecord.of(profile)
     tl = timeline_data(trace)
     data = json.dumps(
-        {"profile": {"bound": rec.bound, "steps": rec.steps}, "timeline": tl},
+        {"profile": {"bound": rec.verdict, "steps": rec.steps}, "timeline": tl},
         separators=(",", ":"),
     )
     data = data.replace("<", "\\u003c")  # only inside JSON strings: no "</script>" can appear
-    title = html.escape(f"{rec.model or 'profile'} — {rec.bound}")
+    title = html.escape(f"{rec.model or 'profile'} — {rec.verdict}")
     counts = ", ".join(f"{k}: {len(v)}" for k, v in tl["lanes"].items()) or "no trace events"
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -94,11 +94,12 @@ LEVERS: dict[str, str] = {
 _COMPILE_ADVICE = "compile=True (torch.compile: fused kernels; the first step compiles for a minute or more)"
 
 
-def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None) -> dict[str, Any]:
+def lever(verdict: str, config: Mapping[str, Any], *,
+          cpu_count: int | None = None) -> dict[str, Any]:
     """The lever of a verdict as data: the training keys to change and the values to try.
 
     Args:
-        bound: one of :data:`VERDICTS` or :data:`MIXED`.
+        verdict: one of :data:`VERDICTS` or :data:`MIXED`.
         config: the profiled run's settings (``batch``, ``workers``, ``amp``, ``cuda_graph``,
             ``compile``, ``device``, ``model``); missing ones take TrainConfig's defaults.
         cpu_count: CPU cores of the host (default ``os.cpu_count()``), the ceiling for
@@ -113,59 +114,77 @@ def lever(bound: str, config: Mapping[str, Any], *, cpu_count: int | None = None
     import os
 
     batch = int(config.get("batch") or 16)
+    cpu = str(config.get("device", "cpu")).startswith("cpu")
+    params: dict[str, Any] = {}
+    also: list[str] = []
+    if verdict == MEMORY:
+        params["batch"] = max(1, batch // 2)
+        why = "the allocator thrashes: halve the batch to leave memory headroom"
+        also.append("a smaller imgsz also lowers activation memory")
+    elif verdict == DATALOADER:
+        why = _dataloader_lever(config, cpu_count or os.cpu_count() or 1, params, also)
+    elif verdict == COMPUTE:
+        why = _compute_lever(config, cpu, params, also)
+    elif verdict == HOST:
+        why = _host_lever(config, batch, cpu, params, also)
+    else:  # MIXED or unknown
+        why = "repeat trials disagreed: profile again with more steps before changing anything"
+        also.append("libreyolo profile run DATA --steps 40 --repeat 3")
+    return {"verdict": verdict, "params": params, "why": why, "also": also}
+
+
+def _dataloader_lever(config: Mapping[str, Any], cores: int, params: dict[str, Any],
+                      also: list[str]) -> str:
+    """More loader workers (up to ``cores``) and cached images; fills ``params`` and
+    ``also``, returns why."""
     workers_set = config.get("workers")
     workers = int(workers_set if workers_set is not None else 4)
     if workers < 0:  # automatic: what this machine gives a run
         from libreyolo_core.data.workers import resolved_workers
 
         workers = resolved_workers(workers)
-    cores = cpu_count or os.cpu_count() or 1
-    cpu = str(config.get("device", "cpu")).startswith("cpu")
-    params: dict[str, Any] = {}
-    also: list[str] = []
-    if bound == MEMORY:
-        params["batch"] = max(1, batch // 2)
-        why = "the allocator thrashes: halve the batch to leave memory headroom"
-        also.append("a smaller imgsz also lowers activation memory")
-    elif bound == DATALOADER:
-        more = min(max(2 * workers, workers + 2), max(cores, 1))
-        if more > workers:
-            params["workers"] = more
-        params["cache"] = "ram"
-        why = ("the step waits for data: "
-               + (f"more loader workers ({workers} -> {more}, the host has {cores} cores) and "
-                  if more > workers else f"the {cores} cores are all loading already; ")
-               + "cached decoded images")
-        also.append("lighter augmentation (mosaic, mixup) costs less per image")
-    elif bound == COMPUTE:
-        if cpu:
-            why = "the CPU is busy computing: no training key makes it faster"
-            also += ["train on a GPU (device=0; a service job: gpus=1)",
-                     "a smaller model or imgsz"]
-        elif not config.get("amp", True):
-            params["amp"] = True
-            why = "the device is saturated in fp32: AMP puts gemm/conv on Tensor Cores"
-        else:
-            why = "the device is saturated with AMP on: this run is as fast as this model gets here"
-            also += ["a smaller model or imgsz", "more GPUs"]
-            if not config.get("compile"):
-                also.append(_COMPILE_ADVICE)
-    elif bound == HOST:
-        params["batch"] = batch * 2
-        compiled = bool(config.get("compile"))  # compile wins over cuda_graph
-        if not cpu and not config.get("cuda_graph") and not compiled:
-            params["cuda_graph"] = True
-        why = ("the device idles between kernels: a larger micro-batch gives each launch more "
-               "work" + (", a CUDA graph replays the step in one launch"
-                         if "cuda_graph" in params else ""))
-        also.append("fewer per-step host syncs (.item()) in custom callbacks")
-        if not cpu:
-            also.append("compile=reduce-overhead (CUDA graphs of the compiled network)" if compiled
-                        else _COMPILE_ADVICE)
-    else:  # MIXED or unknown
-        why = "repeat trials disagreed: profile again with more steps before changing anything"
-        also.append("libreyolo profile run DATA --steps 40 --repeat 3")
-    return {"verdict": bound, "params": params, "why": why, "also": also}
+    more = min(max(2 * workers, workers + 2), max(cores, 1))
+    if more > workers:
+        params["workers"] = more
+    params["cache"] = "ram"
+    also.append("lighter augmentation (mosaic, mixup) costs less per image")
+    return ("the step waits for data: "
+            + (f"more loader workers ({workers} -> {more}, the host has {cores} cores) and "
+               if more > workers else f"the {cores} cores are all loading already; ")
+            + "cached decoded images")
+
+
+def _compute_lever(config: Mapping[str, Any], cpu: bool, params: dict[str, Any],
+                   also: list[str]) -> str:
+    """AMP when it is off on a GPU, else advice only; fills ``params`` and ``also``,
+    returns why."""
+    if cpu:
+        also += ["train on a GPU (device=0; a service job: gpus=1)",
+                 "a smaller model or imgsz"]
+        return "the CPU is busy computing: no training key makes it faster"
+    if not config.get("amp", True):
+        params["amp"] = True
+        return "the device is saturated in fp32: AMP puts gemm/conv on Tensor Cores"
+    also += ["a smaller model or imgsz", "more GPUs"]
+    if not config.get("compile"):
+        also.append(_COMPILE_ADVICE)
+    return "the device is saturated with AMP on: this run is as fast as this model gets here"
+
+
+def _host_lever(config: Mapping[str, Any], batch: int, cpu: bool, params: dict[str, Any],
+                also: list[str]) -> str:
+    """A larger micro-batch and a CUDA graph; fills ``params`` and ``also``, returns why."""
+    params["batch"] = batch * 2
+    compiled = bool(config.get("compile"))  # compile wins over cuda_graph
+    if not cpu and not config.get("cuda_graph") and not compiled:
+        params["cuda_graph"] = True
+    also.append("fewer per-step host syncs (.item()) in custom callbacks")
+    if not cpu:
+        also.append("compile=reduce-overhead (CUDA graphs of the compiled network)" if compiled
+                    else _COMPILE_ADVICE)
+    return ("the device idles between kernels: a larger micro-batch gives each launch more "
+            "work" + (", a CUDA graph replays the step in one launch"
+                      if "cuda_graph" in params else ""))
 
 
 def _pct(x: float) -> str:

@@ -24,17 +24,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_serializer,
-    field_validator,
     model_validator,
 )
 
-from libreyolo_core.profiler.confidence import Confidence
-from libreyolo_core.profiler.record import Lever
+from libreyolo_core.profiler.record import HEADLINE_FIELDS, ProfileHeadline, ordered
 
 __all__ = ["EVENT_TYPES", "ArtifactEvent", "CapturedRegionChangedEvent", "EngineEvent",
-           "EpochEndEvent", "EpochStartEvent", "PreflightEvent", "ProfileEvent",
-           "ProgressEvent", "RunEndEvent", "RunStartEvent", "TuneCandidateEvent", "TuneEvent",
+           "EpochEndEvent", "EpochStartEvent", "PreflightEvent", "PreflightFields",
+           "ProfileEvent", "ProgressEvent", "RunEndEvent", "RunStartEvent", "TuneCandidateEvent", "TuneEvent",
            "json_safe", "parse_event"]
 
 Number = int | float
@@ -183,49 +180,40 @@ class CapturedRegionChangedEvent(EngineEvent):
     reason: str | None = None
 
 
-class ProfileEvent(EngineEvent):
+class ProfileEvent(EngineEvent, ProfileHeadline):
     """The profile window's verdict (:meth:`TrainingProfiler.finish
-    <libreyolo_core.profiler.window.TrainingProfiler.finish>`): ``verdict`` (the bound),
-    ``bound_why``, ``lever``, the headline figures of ``profile.json`` (same names and
-    units), ``window``, ``confidence`` and ``load`` as in ``profile.json``."""
+    <libreyolo_core.profiler.window.TrainingProfiler.finish>`): the headline fields of
+    ``profile.json`` (:class:`~libreyolo_core.profiler.record.ProfileHeadline`: ``verdict``,
+    ``bound_why``, ``lever``, the figures, ``confidence``; same names and units), then
+    ``window`` and ``load`` as in ``profile.json``."""
 
     NAME = "profile"
-    verdict: str | None = None
-    bound_why: str | None = None
-    lever: Lever | None = None
-    step_ms: Number | None = None
-    img_per_s: Number | None = None
-    dataload_ms: Number | None = None
-    dataload_frac: Number | None = None
-    gpu_util: Number | None = None
-    gpu_util_raw: Number | None = None
-    gpu_busy_ms_per_step: Number | None = None
-    host_overhead_ms_per_step: Number | None = None
-    kernels_per_step: Number | None = None
-    ops_per_step: Number | None = None
-    cuda_mallocs_per_step: Number | None = None
-    peak_vram_mb: Number | None = None
-    memory_pressure: bool | None = None
     window: dict[str, Any] | None = None
-    confidence: Confidence | None = None
     load: dict[str, Any] | None = None
 
-    @field_validator("confidence", mode="before")
-    @classmethod
-    def _confidence(cls, v: Any) -> Any:
-        return Confidence.from_dict(v) if isinstance(v, Mapping) or v is None else v
+    #: The line's keys in the order the event has always had them.
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "event", "time", *(f for f in HEADLINE_FIELDS if f != "confidence"), "window",
+        "confidence", "load")
 
-    @field_serializer("confidence")
-    def _confidence_json(self, c: Confidence | None) -> dict[str, Any] | None:
-        return c.to_dict() if c is not None else None
+    def to_dict(self) -> dict[str, Any]:
+        """The line's JSON object: ``event``, ``time``, then the fields that were set."""
+        return ordered(super().to_dict(), self.KEY_ORDER)
+
+    def payload(self) -> dict[str, Any]:
+        """The fields that were set, without ``event`` and ``time``."""
+        return ordered(super().payload(), self.KEY_ORDER)
 
 
-class PreflightEvent(EngineEvent):
+class PreflightFields(BaseModel):
     """The preflight estimate: the fields of
     :class:`~libreyolo_core.profiler.preflight.PreflightEstimate` (``preflight.json``), same
-    names and units (seconds, img/s, MB)."""
+    names and units (seconds, img/s, MB). The ``preflight`` event carries them
+    (:class:`PreflightEvent`), and so does a job's result
+    (:class:`~libreyolo_core.records.result.PreflightResult`)."""
 
-    NAME = "preflight"
+    model_config = ConfigDict(frozen=True, extra="allow")
+
     img_per_s: Number | None = None
     step_ms: Number | None = None
     batch: int | None = None
@@ -254,6 +242,12 @@ class PreflightEvent(EngineEvent):
     measured_s: Number | None = None
     notes: list[str] | None = None
     trial_dir: str | None = None
+
+
+class PreflightEvent(EngineEvent, PreflightFields):
+    """The preflight estimate (:class:`PreflightFields`) as an event."""
+
+    NAME = "preflight"
 
 
 class TuneCandidateEvent(EngineEvent):

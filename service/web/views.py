@@ -15,10 +15,11 @@ import yaml
 from fastapi import Request
 from sqlalchemy import select
 
-from libreyolo_core.profiler.record import Lever
 from libreyolo_core.profiler.verdict import LEVERS
 from libreyolo_core.records.events import ProfileEvent
 from libreyolo_core.records.notes import learned_nothing
+from libreyolo_core.records.result import JobResult, PreflightActual, PreflightResult
+from libreyolo_core.records.tune import TUNE_FILE, TuneRecord, TuneRow
 from service import job_store
 from service.api.deps import SessionDep
 from service.api.jobs import queue_outlooks
@@ -63,22 +64,11 @@ def job_progress(job: Job, live: dict[str, int] | None = None,
     worker (``live``, :func:`service.workers.live_queues`) serves says so, else its place
     in the queue (``where``, :func:`service.scheduler.outlook`)."""
     p = job.progress or {}
-    epochs, epoch = p.get("epochs"), p.get("epoch")
     if p.get("phase") == "tuning" and p.get("trials_planned"):  # a tune job: its trials
-        planned = p["trials_planned"]
-        if job.status in TERMINAL:
-            ran = ((job.result or {}).get("tune") or {}).get("trials_run")
-            return (100.0 if job.status == JobStatus.SUCCEEDED else 0.0,
-                    f"tune {job.status}" + (f": {ran} trials run" if ran is not None else ""))
-        return (max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / planned)),
-                tune_progress_text(p))
+        return _tune_progress(job, p)
     if p.get("phase") == "profiling" and p.get("steps"):  # a profile job: its window
-        steps, step = p["steps"], p.get("step") or 0
-        text = f"profile window step {step}/{steps}"
-        if p.get("warmup") is not None:
-            text += f" ({p['warmup']} warm-up + {p.get('measured', steps - p['warmup'])} measured)"
-        done = job.status == JobStatus.SUCCEEDED
-        return (100.0 if done else max(0.0, min(100.0, 100.0 * step / steps))), text
+        return _profile_progress(job, p)
+    epochs, epoch = p.get("epochs"), p.get("epoch")
     if job.status == JobStatus.SUCCEEDED:
         return 100.0, f"epoch {epoch}/{epochs}" if epochs else "done"
     if job.status == JobStatus.QUEUED:
@@ -87,6 +77,34 @@ def job_progress(job: Job, live: dict[str, int] | None = None,
             or "waiting"
     if not epochs or not epoch:
         return 0.0, "—" if job.status in TERMINAL else "starting"
+    return _training_progress(job, p, epoch, epochs)
+
+
+def _tune_progress(job: Job, p: dict[str, Any]) -> tuple[float, str]:
+    """A tune job's progress: its trials."""
+    if job.status in TERMINAL:
+        tune = JobResult.of(job.result).tune
+        ran = tune.trials_run if tune is not None and "trials_run" in tune.model_fields_set \
+            else None
+        return (100.0 if job.status == JobStatus.SUCCEEDED else 0.0,
+                f"tune {job.status}" + (f": {ran} trials run" if ran is not None else ""))
+    return (max(0.0, min(100.0, 100.0 * (p.get("trials_done") or 0) / p["trials_planned"])),
+            tune_progress_text(p))
+
+
+def _profile_progress(job: Job, p: dict[str, Any]) -> tuple[float, str]:
+    """A profile job's progress: the step of its window."""
+    steps, step = p["steps"], p.get("step") or 0
+    text = f"profile window step {step}/{steps}"
+    if p.get("warmup") is not None:
+        text += f" ({p['warmup']} warm-up + {p.get('measured', steps - p['warmup'])} measured)"
+    done = job.status == JobStatus.SUCCEEDED
+    return (100.0 if done else max(0.0, min(100.0, 100.0 * step / steps))), text
+
+
+def _training_progress(job: Job, p: dict[str, Any], epoch: int, epochs: int
+                       ) -> tuple[float, str]:
+    """A training job's progress: epoch, step or validation batch, ETA."""
     steps, step = p.get("steps") or 0, p.get("step") or 0
     frac = (epoch - 1 + (step / steps if steps else 0.0)) / epochs
     text = f"epoch {epoch}/{epochs}"
@@ -195,38 +213,51 @@ def _artifacts(request: Request, session: SessionDep, job: Job) -> list[dict[str
              "url": url + rel} for rel, p in store.list_files(job.id)]
 
 
-def _tune_view(job: Job, tune: dict[str, Any] | None) -> dict[str, Any] | None:
+def _tune_row(r: TuneRow, recommended: TuneRow | None) -> dict[str, Any]:
+    """One row of the tune card."""
+    base = r.name == "baseline"
+    ips = r.img_per_s
+    return {
+        "label": r.label or r.name, "baseline": base,
+        "ips": "—" if ips is None else f"{ips:.1f} ± {r.img_per_s_std or 0:.1f}",
+        "n": r.n if ips is not None else "—",
+        "step": "—" if r.step_ms is None else f"{r.step_ms:.0f}",
+        "verdict": r.verdict or "—",
+        "significant": "—" if base or r.significant is None
+        else ("yes" if r.significant else "no"),
+        "gain": "—" if base else fmt_gain(r.gain),
+        "recommendable": r.recommendable,
+        "recommended": recommended is not None and r.name == recommended.name,
+        "note": "" if base else (r.note or ""),
+        "side_effect": r.side_effect}
+
+
+def _tune_view(job: Job, tune: TuneRecord | None) -> dict[str, Any] | None:
     """The tune card: the answer, one row per configuration, the recommended parameter set
     and the expected epoch time; ``None`` for other jobs and a tune job without result."""
-    if job.kind != "tune" or not isinstance(tune, dict):
+    if job.kind != "tune" or tune is None:
         return None
-    rows = []
-    for r in [tune.get("baseline") or {}, *(tune.get("candidates") or [])]:
-        ips = r.get("img_per_s")
-        base = r.get("name") == "baseline"
-        rows.append({
-            "label": r.get("label") or r.get("name"), "baseline": base,
-            "ips": "—" if ips is None else f"{ips:.1f} ± {r.get('img_per_s_std') or 0:.1f}",
-            "n": r.get("n") if ips is not None else "—",
-            "step": "—" if r.get("step_ms") is None else f"{r['step_ms']:.0f}",
-            "verdict": r.get("verdict") or "—",
-            "significant": "—" if base or r.get("significant") is None
-            else ("yes" if r["significant"] else "no"),
-            "gain": "—" if base else fmt_gain(r.get("gain")),
-            "recommendable": bool(r.get("recommendable")),
-            "recommended": bool(tune.get("recommended")) and r.get("name") == (tune.get("recommended") or {}).get("name"),
-            "note": "" if base else (r.get("note") or ""),
-            "side_effect": r.get("side_effect")})
-    rec = tune.get("recommended") or None
-    params = tune.get("recommended_params") or {}
-    return {"answer": tune.get("answer"), "status": tune.get("status"), "rows": rows,
-            "recommended": rec, "changes": " ".join(f"{k}={v}" for k, v in (rec or {}).get("params", {}).items()),
+    rec = tune.recommended
+    rows = [_tune_row(r, rec) for r in [tune.baseline or TuneRow(), *tune.candidates]]
+    params = tune.recommended_params
+    return {"answer": tune.answer if "answer" in tune.model_fields_set else None,
+            "status": tune.status if "status" in tune.model_fields_set else None,
+            "rows": rows, "recommended": rec.to_dict() if rec is not None else None,
+            "changes": " ".join(f"{k}={v}" for k, v in (rec.params if rec else {}).items()),
             "params": " ".join(f"{k}={v}" for k, v in params.items()) or "(the defaults)",
-            "expected_epoch": fmt_seconds(tune.get("expected_epoch_s")),
-            "baseline_epoch": fmt_seconds(tune.get("baseline_epoch_s")),
-            "also": tune.get("also") or [], "notes": tune.get("notes") or [],
-            "device": tune.get("device"), "train_url": f"/jobs?train_from={job.id}#new-job-title",
-            "can_train": job.status in TERMINAL and bool((tune.get("baseline") or {}).get("img_per_s"))}
+            "expected_epoch": fmt_seconds(tune.expected_epoch_s),
+            "baseline_epoch": fmt_seconds(tune.baseline_epoch_s),
+            "also": tune.also, "notes": tune.notes,
+            "device": tune.device, "train_url": f"/jobs?train_from={job.id}#new-job-title",
+            "can_train": job.status in TERMINAL and bool(tune.baseline and tune.baseline.img_per_s)}
+
+
+def _running_tune(request: Request, job: Job) -> TuneRecord | None:
+    """What a running tune job's ``tune.json`` holds so far (``None``: not written yet, or
+    being written)."""
+    with contextlib.suppress(OSError, ValueError):
+        return TuneRecord.read(request.app.state.store.run_dir(job.id) / TUNE_FILE)
+    return None
 
 
 def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
@@ -269,38 +300,55 @@ def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
             "gathering": gathering, "claimed": len(slots), "requeued": requeued, "rows": rows}
 
 
-def _preflight_view(job: Job, pf: dict[str, Any] | None) -> dict[str, Any] | None:
+def _preflight_view(job: Job, pf: PreflightResult | None) -> dict[str, Any] | None:
     """The preflight card: the estimate, and beside it what the run took once it ended."""
-    if not isinstance(pf, dict) or pf.get("total_s") is None:
+    if pf is None or pf.total_s is None:
         return None
-    actual = pf.get("actual") or {}
+    actual = pf.actual or PreflightActual()
     ended = job.status in TERMINAL
     started, finished = aware(job.started_at), aware(job.finished_at)
     duration = (finished - started).total_seconds() if started and finished else None
-    mem = pf.get("peak_memory_mb")
+    mem = pf.peak_memory_mb
     return {
-        "img_per_s": f"{pf['img_per_s']:.1f} img/s" if pf.get("img_per_s") is not None else "—",
-        "epoch_est": fmt_seconds(pf.get("epoch_s")),
-        "epoch_actual": fmt_seconds(actual.get("epoch_time_s")) if actual.get("epoch_time_s") is not None else None,
-        "val_est": fmt_seconds(pf.get("val_s")) if pf.get("val_s") is not None else None,
-        "val_actual": fmt_seconds(actual.get("val_time_s")) if actual.get("val_time_s") is not None else None,
-        "total_est": fmt_seconds(pf.get("total_s")),
-        # the estimate's counterpart: the epochs' training and validation (as the CLI
-        # says it), and beside it the whole job (set-up and the preflight included)
-        "total_actual": (fmt_seconds((actual.get("train_s") or 0) + (actual.get("val_s") or 0))
-                         + (f" (training and validation; the whole job {fmt_seconds(duration)})"
-                            if duration is not None else "")
-                         if ended and actual.get("train_s") is not None else
-                         (f"{fmt_seconds(duration)} (the whole job)" if ended and duration is not None
-                          else None)),
-        "epochs": pf.get("epochs"), "epochs_done": actual.get("epochs"),
-        "memory": f"{mem:,.0f} MiB ({pf.get('memory_kind')})" if mem is not None else None,
-        "cost": f"{pf['cost']:.2f} {pf.get('currency')}" if pf.get("cost") is not None else None,
-        "ended": ended, "notes": pf.get("notes") or [], "phases": pf.get("phases") or []}
+        "img_per_s": f"{pf.img_per_s:.1f} img/s" if pf.img_per_s is not None else "—",
+        "epoch_est": fmt_seconds(pf.epoch_s),
+        "epoch_actual": fmt_seconds(actual.epoch_time_s) if actual.epoch_time_s is not None else None,
+        "val_est": fmt_seconds(pf.val_s) if pf.val_s is not None else None,
+        "val_actual": fmt_seconds(actual.val_time_s) if actual.val_time_s is not None else None,
+        "total_est": fmt_seconds(pf.total_s),
+        "total_actual": _total_actual(actual, ended, duration),
+        "epochs": pf.epochs, "epochs_done": actual.epochs if pf.actual is not None else None,
+        "memory": f"{mem:,.0f} MiB ({pf.memory_kind})" if mem is not None else None,
+        "cost": f"{pf.cost:.2f} {pf.currency}" if pf.cost is not None else None,
+        "ended": ended, "notes": pf.notes or [], "phases": pf.phases or []}
+
+
+def _total_actual(actual: PreflightActual, ended: bool, duration: float | None) -> str | None:
+    """The estimate's counterpart: the epochs' training and validation (as the CLI says it),
+    and beside it the whole job (set-up and the preflight included)."""
+    if not ended:
+        return None
+    if actual.train_s is not None:
+        return (fmt_seconds(actual.train_s + (actual.val_s or 0))
+                + (f" (training and validation; the whole job {fmt_seconds(duration)})"
+                   if duration is not None else ""))
+    return f"{fmt_seconds(duration)} (the whole job)" if duration is not None else None
+
+
+def _preflight(result: JobResult, job: Job) -> PreflightResult | None:
+    """The job's preflight: its result's, else (while it runs) what its progress keeps."""
+    if result.preflight is not None:
+        return result.preflight
+    pf = (job.progress or {}).get("preflight")
+    if not isinstance(pf, dict):
+        return None
+    with contextlib.suppress(ValueError):
+        return PreflightResult.model_validate(pf)
+    return None
 
 
 def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
-             ) -> dict[str, Any] | None:
+            ) -> dict[str, Any] | None:
     """The submit form's values from a finished tune job (``?train_from=<id>``): kind train,
     its model and dataset (the dataset's id when it is one of the user's), GPUs, and its
     recommended parameter set (epochs, imgsz and batch in their fields, the rest as YAML);
@@ -308,10 +356,12 @@ def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
     if not job_id:
         return None
     job = job_store.get_owned(session=session, job_id=job_id, user=user)
-    tune = (job.result or {}).get("tune") if job is not None and job.kind == "tune" else None
-    if not isinstance(tune, dict):
+    if job is None or job.kind != "tune":
         return None
-    params = dict(tune.get("recommended_params") or {})
+    tune = JobResult.of(job.result).tune
+    if tune is None:
+        return None
+    params = dict(tune.recommended_params)
     ref = describe_model_ref(session, settings, job.model)
     model = ref.get("model_id") or ref["label"]  # a name, a model id, job:<id>/<path>, a file
     data = session.scalar(select(Dataset.id).where(Dataset.path == job.data,
@@ -320,54 +370,59 @@ def prefill(session: SessionDep, settings: Any, user: User, job_id: str | None
     return {"job_id": job.id, "model": model, "data": data, "gpus": job.gpus, "nodes": job.nodes,
             "basic": basic,
             "yaml": yaml.safe_dump(params, sort_keys=True).strip() if params else "",
-            "recommended": (tune.get("recommended") or {}).get("label")}
+            "recommended": tune.recommended.label if tune.recommended is not None else None}
+
+
+def _verdict_view(result: JobResult, artifacts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The verdict card of a profile job: the verdict, why, the lever, the headline figures
+    of its ``profile`` event, how sure, the timeline's link; ``None`` without a verdict."""
+    if not result.verdict:
+        return None
+    profile = result.profile or ProfileEvent()  # the engine's ``profile`` event
+    figures = [(label, fmt(value)) for key, label, fmt in PROFILE_FIGURES
+               if isinstance(value := getattr(profile, key), int | float)]
+    timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
+    return {"name": result.verdict, "why": result.bound_why or "",
+            "lever": lever_text(result.lever) or LEVERS.get(result.verdict),
+            "figures": figures, "confidence": confidence_text(profile.confidence),
+            "timeline_url": timeline["url"] if timeline else None}
 
 
 def summary_context(request: Request, session: SessionDep, user: User, job: Job
-                     ) -> dict[str, Any]:
+                    ) -> dict[str, Any]:
+    """What the job page's summary shows of ``job``: its row, artifacts, result, the
+    verdict, tune, preflight and nodes cards, the error (public paths only), whether it can
+    be cancelled or resumed."""
     now = datetime.now(UTC)
-    names = _dataset_names(session, user)
     artifacts = _artifacts(request, session, job)
-    result = job.result or {}
-    verdict = None
-    if result.get("verdict"):
-        # the result's profile is the engine's ``profile`` event, as the API sends it
-        profile = ProfileEvent.model_validate(result.get("profile") or {})
-        figures = [(label, fmt(value)) for key, label, fmt in PROFILE_FIGURES
-                   if isinstance(value := getattr(profile, key), int | float)]
-        timeline = next((a for a in artifacts if a["path"] == "timeline.html"), None)
-        lever = result.get("lever")
-        verdict = {"name": result["verdict"], "why": result.get("bound_why") or "",
-                   "lever": lever_text(Lever.model_validate(lever) if lever else None)
-                   or LEVERS.get(str(result["verdict"])),
-                   "figures": figures, "confidence": confidence_text(profile.confidence),
-                   "timeline_url": timeline["url"] if timeline else None}
-    tune_data = result.get("tune")
-    if job.kind == "tune" and tune_data is None:  # running: what tune.json holds so far
-        with contextlib.suppress(OSError, ValueError):
-            tune_data = json.loads((request.app.state.store.run_dir(job.id) / "tune.json")
-                                   .read_text(encoding="utf-8"))
-    tune = _tune_view(job, tune_data)
-    preflight = _preflight_view(job, result.get("preflight") or (job.progress or {}).get("preflight"))
-    metrics = result.get("metrics") or (job.progress or {}).get("metrics") or {}
-    shown = [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics]
+    result = JobResult.of(job.result)
+    tune = result.tune
+    if job.kind == "tune" and tune is None:  # running: what tune.json holds so far
+        tune = _running_tune(request, job)
+    metrics = result.metrics or (job.progress or {}).get("metrics") or {}
     settings = request.app.state.settings
-    error = json.loads(public_text(json.dumps(job.error), settings)) if job.error else None
     live = live_queues(session, settings.worker_ttl_s)
     outlooks = queue_outlooks(session, settings, [job], live, request.app.state.outlooks)
     started_from = describe_model_ref(session, settings, job.model)
-    return {"job": job, "row": job_row(job, names, now, live, outlooks, model_cell(started_from)),
-            "artifacts": artifacts,
-            "result": result if job.result is not None else None, "metrics": shown,
-            "verdict": verdict, "error": error, "cancellable": job.status in (JobStatus.QUEUED,
-                                                                              JobStatus.RUNNING),
-            "data_rows": data_rows(result.get("data")),
-            "learned_note": learned_nothing(result.get("metrics"), result.get("epochs_completed"),
+    row = job_row(job, _dataset_names(session, user), now, live, outlooks,
+                  model_cell(started_from))
+    succeeded_train = job.kind == "train" and job.status == JobStatus.SUCCEEDED
+    return {"job": job, "row": row, "artifacts": artifacts,
+            "result": result if job.result is not None else None,
+            "metrics": [(k, fmt_metric(metrics[k])) for k in METRIC_NAMES if k in metrics],
+            "verdict": _verdict_view(result, artifacts),
+            "error": json.loads(public_text(json.dumps(job.error), settings)) if job.error
+            else None,
+            "cancellable": job.status in (JobStatus.QUEUED, JobStatus.RUNNING),
+            "data_rows": data_rows(result.data),
+            "learned_note": learned_nothing(result.metrics, result.epochs_completed,
                                             not job.model.startswith("/"))
-            if job.kind == "train" and job.status == JobStatus.SUCCEEDED else None,
-            "resumable": job.kind == "train" and job.status in (JobStatus.CANCELLED, JobStatus.FAILED)
+            if succeeded_train else None,
+            "resumable": job.kind == "train"
+            and job.status in (JobStatus.CANCELLED, JobStatus.FAILED)
             and request.app.state.store.last_checkpoint(job.id) is not None,
-            "tune": tune, "preflight": preflight, "nodes": nodes_view(session, job),
+            "tune": _tune_view(job, tune), "preflight": _preflight_view(job, _preflight(result, job)),
+            "nodes": nodes_view(session, job),
             "devices": fmt_devices(job.nodes, job.gpus, job.procs),
             "params_json": json.dumps(job.params or {}, indent=1, sort_keys=True),
             "started_from": started_from,

@@ -67,7 +67,7 @@ def test_sdk_imports_without_the_engine():
 
 #: SDK field -> the ProfileRecord field it carries (a tune row is a repeat aggregate's figures)
 SDK_TO_RECORD = {"img_per_s": "img_per_s", "img_per_s_std": "img_per_s_std", "n": "img_per_s_n",
-                 "step_ms": "step_ms", "verdict": "bound"}
+                 "step_ms": "step_ms", "verdict": "verdict"}
 
 
 def _kinds(annotation) -> set[type]:
