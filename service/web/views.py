@@ -300,8 +300,12 @@ def nodes_view(session: SessionDep, job: Job) -> dict[str, Any] | None:
             "gathering": gathering, "claimed": len(slots), "requeued": requeued, "rows": rows}
 
 
-def _preflight_view(job: Job, pf: PreflightResult | None) -> dict[str, Any] | None:
-    """The preflight card: the estimate, and beside it what the run took once it ended."""
+def _preflight_view(job: Job, pf: PreflightResult | dict[str, Any] | None
+                    ) -> dict[str, Any] | None:
+    """The preflight card: the estimate, and beside it what the run took once it ended
+    (``pf``: a result's preflight; its JSON is parsed)."""
+    if isinstance(pf, dict):
+        pf = PreflightResult.model_validate(pf)
     if pf is None or pf.total_s is None:
         return None
     actual = pf.actual or PreflightActual()

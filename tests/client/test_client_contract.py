@@ -3,8 +3,10 @@
 The SDK (``libreyolo_client``) does not import ``libreyolo_core`` (see
 ``test_client_sdk.py``); this test imports both and compares the pydantic fields:
 ``Preflight`` <-> :class:`PreflightEvent` (the estimate, ``preflight.json``),
-``TuneRow`` <-> :class:`TuneCandidateEvent` (a row of ``tune.json``), ``PreflightActual``
-<-> :func:`worker.result.actual_timing`. Each SDK field must exist on the engine's side with
+``TuneRow`` <-> :class:`TuneCandidateEvent` and the record's ``TuneRow`` (a row of
+``tune.json``), ``TuneReport`` <-> ``TuneRecord`` (``tune.json``), the SDK's ``JobResult``
+<-> the record ``JobResult`` (a job's ``result``), ``PreflightActual`` <->
+:func:`worker.result.actual_timing` and its record. Each SDK field must exist on the engine's side with
 a compatible type (numbers are numbers, an object is a dict, ``Any`` takes anything).
 """
 
@@ -18,9 +20,16 @@ from typing import Any, Union
 import pytest
 from pydantic import BaseModel
 
-from libreyolo_client._models import Preflight, PreflightActual, TuneRow
+from libreyolo_client._models import Preflight, PreflightActual, TuneReport, TuneRow
+from libreyolo_client._results import JobResult as SdkJobResult
+from libreyolo_client._results import LeverAdvice
 from libreyolo_core.profiler.preflight import PreflightEstimate
+from libreyolo_core.profiler.record import Lever
 from libreyolo_core.records.events import EngineEvent, PreflightEvent, TuneCandidateEvent
+from libreyolo_core.records.result import JobResult
+from libreyolo_core.records.result import PreflightActual as RecordPreflightActual
+from libreyolo_core.records.tune import TuneRecord
+from libreyolo_core.records.tune import TuneRow as RecordTuneRow
 
 #: Fields the SDK adds that the engine's record does not carry (the worker adds them).
 SDK_ONLY = {Preflight: {"actual"}}
@@ -55,7 +64,12 @@ def _fields(model: type[BaseModel]) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize(("sdk", "record"), [(Preflight, PreflightEvent),
-                                             (TuneRow, TuneCandidateEvent)])
+                                             (TuneRow, TuneCandidateEvent),
+                                             (TuneRow, RecordTuneRow),
+                                             (TuneReport, TuneRecord),
+                                             (SdkJobResult, JobResult),
+                                             (LeverAdvice, Lever),
+                                             (PreflightActual, RecordPreflightActual)])
 def test_sdk_models_agree_with_the_event_records(sdk, record):
     theirs = _fields(record)
     for name, kinds in _fields(sdk).items():
