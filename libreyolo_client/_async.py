@@ -38,6 +38,8 @@ from libreyolo_client._client import (
     _final_deadline,
     _request_of,
     _sha256,
+    checked,
+    retry_delay,
 )
 from libreyolo_client._errors import (
     Conflict,
@@ -100,8 +102,9 @@ class AsyncWire:
         return self._config.retries
 
     def delay(self, attempt: int, response: httpx.Response | None = None) -> float:
-        """Seconds before retry ``attempt`` (see :meth:`_Base._delay`)."""
-        return self._config._delay(attempt, response)
+        """Seconds before retry ``attempt`` (:func:`retry_delay`, the client's
+        ``backoff_s``)."""
+        return retry_delay(attempt, response, self._config.backoff_s)
 
     async def request(self, method: str, path: str, *, idempotent: bool = True,
                       **kw: Any) -> httpx.Response:
@@ -119,7 +122,7 @@ class AsyncWire:
             else:
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
-                    return _Base._check(r)
+                    return checked(r)
             await asyncio.sleep(self.delay(attempt, r))
             attempt += 1
 

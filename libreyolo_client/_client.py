@@ -111,6 +111,23 @@ def retry_after_s(response: httpx.Response) -> float | None:
 
     return max(0.0, (when - _dt.now(when.tzinfo)).total_seconds())
 
+def retry_delay(attempt: int, response: httpx.Response | None, backoff_s: float) -> float:
+    """Seconds before retry ``attempt`` (0, 1, ...): the answer's ``Retry-After`` (seconds
+    or an HTTP date, as a 503 or 429 sends it), at most :data:`MAX_RETRY_AFTER_S`; else
+    exponential backoff with jitter from ``backoff_s``: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
+    after = retry_after_s(response) if response is not None else None
+    if after is not None:
+        return min(after, MAX_RETRY_AFTER_S)
+    return min(8.0, backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
+
+
+def checked(r: httpx.Response) -> httpx.Response:
+    """``r``, or its typed :class:`APIError` raised when its status is an error (>= 400)."""
+    if r.status_code >= 400:
+        raise error_from_response(r)
+    return r
+
+
 class _Base:
     """Configuration and everything without I/O, shared by the sync and async clients."""
 
@@ -134,13 +151,8 @@ class _Base:
         return h
 
     def _delay(self, attempt: int, response: httpx.Response | None = None) -> float:
-        """The wait before retry ``attempt``: the answer's ``Retry-After`` (seconds or an
-        HTTP date, as a 503 or 429 sends it), at most :data:`MAX_RETRY_AFTER_S`; else
-        exponential backoff with jitter: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
-        after = retry_after_s(response) if response is not None else None
-        if after is not None:
-            return min(after, MAX_RETRY_AFTER_S)
-        return min(8.0, self.backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
+        """:func:`retry_delay` with this client's ``backoff_s``."""
+        return retry_delay(attempt, response, self.backoff_s)
 
     @staticmethod
     def _data_ref(data: str | os.PathLike[str]) -> str:
@@ -225,12 +237,6 @@ class _Base:
         return {"params": params, "content": src.read_bytes(), "idempotent": False,
                 "headers": {"Content-Type": kind}}
 
-    @staticmethod
-    def _check(r: httpx.Response) -> httpx.Response:
-        if r.status_code >= 400:
-            raise error_from_response(r)
-        return r
-
     def page_url(self, job_id: str) -> str:
         """The job's page in the browser."""
         return f"{self.url}/jobs/{job_id}"
@@ -255,8 +261,9 @@ class Wire:
         return self._config.retries
 
     def delay(self, attempt: int, response: httpx.Response | None = None) -> float:
-        """Seconds before retry ``attempt`` (see :meth:`_Base._delay`)."""
-        return self._config._delay(attempt, response)
+        """Seconds before retry ``attempt`` (:func:`retry_delay`, the client's
+        ``backoff_s``)."""
+        return retry_delay(attempt, response, self._config.backoff_s)
 
     def request(self, method: str, path: str, *, idempotent: bool = True,
                 **kw: Any) -> httpx.Response:
@@ -281,7 +288,7 @@ class Wire:
             else:
                 if r.status_code not in RETRY_STATUSES or not idempotent \
                         or attempt >= self.retries:
-                    return _Base._check(r)
+                    return checked(r)
             time.sleep(self.delay(attempt, r))
             attempt += 1
 
