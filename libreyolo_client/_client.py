@@ -79,11 +79,6 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: The longest ``Retry-After`` the SDK waits for (seconds); a longer one is cut to this.
 MAX_RETRY_AFTER_S = 60.0
 
-#: The options of a tune job (every other keyword of :meth:`Client.tune` is a training key).
-TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_gain")
-#: The job's own options of :meth:`Client.train`, ``profile`` and ``tune`` (every other
-#: keyword is a training key).
-JOB_OPTIONS = ("procs", "nodes", "priority", "time_budget_s", "idempotency_key")
 #: image suffix -> the Content-Type ``POST /v1/predict`` takes
 PREDICT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
                  ".webp": "image/webp", ".bmp": "image/bmp"}
