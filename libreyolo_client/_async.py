@@ -441,16 +441,11 @@ class AsyncClient(_Base):
             "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
         for text in model.warnings:
             warnings.warn(text, SubmitWarning, stacklevel=2)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not exported(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
-                                  f"{model.onnx.state} after {timeout:g} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = await self.model(model_id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(await self.wire.run(Steps(_transfer.model_ready(
+            model, exported, timeout, lambda m: f"model {model_id}: the ONNX export is "
+            f"still {m.onnx.state} after {timeout:g} s"))), self)
 
     async def delete_model(self, model_id: str) -> None:
         """See :meth:`Client.delete_model`."""
@@ -572,15 +567,11 @@ class AsyncJob:
         model = Model.model_validate(await self._wire.json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
             timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not published(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = await self._client.model(model.id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(await self._wire.run(Steps(_transfer.model_ready(
+            model, published, timeout,
+            lambda m: f"model {m.id} is still {m.state} after {timeout:g} s"))), self._client)
 
     async def report(self) -> ValReport:
         """See :meth:`Job.report`."""

@@ -765,16 +765,11 @@ class Client(_Base):
             "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
         for text in model.warnings:
             warnings.warn(text, SubmitWarning, stacklevel=2)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not exported(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
-                                  f"{model.onnx.state} after {timeout:g} s")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = self.model(model_id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(self.wire.run(Steps(_transfer.model_ready(
+            model, exported, timeout, lambda m: f"model {model_id}: the ONNX export is "
+            f"still {m.onnx.state} after {timeout:g} s"))), self)
 
     def delete_model(self, model_id: str) -> None:
         """Delete a model and its file. Raises ``Conflict`` while a queued or running job
@@ -980,15 +975,11 @@ class Job:
         model = Model.model_validate(self._wire.json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
             timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not published(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = self._client.model(model.id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(self._wire.run(Steps(_transfer.model_ready(
+            model, published, timeout,
+            lambda m: f"model {m.id} is still {m.state} after {timeout:g} s"))), self._client)
 
     def report(self) -> ValReport:
         """The validation report of a training job (``val/report.json``, written when the

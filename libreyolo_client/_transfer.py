@@ -36,6 +36,7 @@ from libreyolo_client._errors import (
     APIError,
     ChecksumError,
     ServiceUnavailable,
+    WaitTimeout,
     error_from_response,
     no_answer,
 )
@@ -54,7 +55,8 @@ from libreyolo_client._steps import (
 )
 
 __all__ = ["CHUNK", "UPLOAD_TIMEOUT", "dataset_source", "dest_path", "download_artifact",
-           "download_model", "file_chunks", "log_lines", "model_source", "progress_fn",
+           "download_model", "file_chunks", "log_lines", "model_ready", "model_source",
+           "progress_fn",
            "upload_request", "zip_folder"]
 
 #: bytes per read of a file sent or hashed.
@@ -284,6 +286,28 @@ def _resume_point(r: httpx.Response, offset: int) -> tuple[str, int, int | None]
     if content_range.removeprefix("bytes ").split("-")[0] != str(offset):
         raise APIError(206, f"unexpected Content-Range {content_range}")
     return "ab", offset, int(content_range.rsplit("/", 1)[-1] or 0) or None
+
+
+# -- models ---------------------------------------------------------------------------
+
+def model_ready(model: Model, ready: Callable[[Model], bool], timeout: float,
+                still: Callable[[Model], str]) -> Procedure:
+    """Poll ``GET /v1/models/{id}`` (0.2 s, then 1.5 times longer each time, at most 2 s)
+    until ``ready(model)`` (``published`` after a publish, ``exported`` after an export;
+    they raise when the model failed); returns the model as last read (not bound).
+
+    Raises:
+        WaitTimeout: not ready after ``timeout`` seconds; ``still(model)`` says so.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while not ready(model):
+        if time.monotonic() > deadline:
+            raise WaitTimeout(still(model))
+        yield Sleep(delay)
+        delay = min(2.0, delay * 1.5)
+        model = Model.model_validate((yield GetPage(f"/v1/models/{model.id}", {})))
+    return model
 
 
 # -- logs -------------------------------------------------------------------------------
