@@ -8,7 +8,7 @@ Example::
         job = c.train(model="yolo9-t",      # the file `libreyolo-service up` writes
                       data="/data/coco128/coco128.yaml", epochs=10, imgsz=320)
         info = job.wait(progress=True)      # follows the event stream; JobFailed on failure
-        print(job.metrics["mAP50-95"])
+        print(job.metrics["mAP50-95"])     # job.status == JobStatus.SUCCEEDED
         job.download("weights/best.pt", "models/")
 """
 
@@ -36,6 +36,7 @@ from libreyolo_client._models import (
     DatasetInfo,
     Event,
     JobInfo,
+    JobStatus,
     Model,
     NodeWorker,
     OnnxExport,
@@ -66,6 +67,7 @@ __all__ = [
     "JobError",
     "JobFailed",
     "JobInfo",
+    "JobStatus",
     "LibreYOLOError",
     "Model",
     "NodeWorker",

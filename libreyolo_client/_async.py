@@ -1,8 +1,17 @@
 """``AsyncClient`` and ``AsyncJob``: the asyncio twin of :mod:`libreyolo_client._client`.
 
-Same arguments, same errors, same retry rules; request building and reply parsing come
-from the shared :class:`~libreyolo_client._client._Base`. Dataset upload and log following
-are sync-only (use :class:`~libreyolo_client.Client` for those).
+Same methods, same arguments, same errors, same retry rules (``tests/client/
+test_client_twins.py`` compares the signatures); request building and reply parsing come
+from the shared :class:`~libreyolo_client._client._Base`, and following, log reading and
+file transfers are the I/O-free procedures of :mod:`libreyolo_client._follow` and
+:mod:`libreyolo_client._transfer`, performed here by :class:`AsyncWire`. Local file work
+that may take long (zipping a dataset folder, reading a file to send, hashing) runs in a
+worker thread.
+
+Where the sync :class:`~libreyolo_client.Job` re-reads the job inside a property
+(``result``, ``metrics``, ``lever``, ``tune``, ``preflight``), :class:`AsyncJob` cannot
+await: its properties read the job as last read (``await job.refresh()``, or
+``await job.wait()``, first).
 """
 
 from __future__ import annotations
@@ -19,22 +28,20 @@ from typing import Any
 
 import httpx
 
-from libreyolo_client import _follow
+from libreyolo_client import _transfer
 from libreyolo_client._client import (
-    CHUNK,
     DEFAULT_TIMEOUT,
-    JOB_OPTIONS,
     RETRY_STATUSES,
-    TUNE_OPTIONS,
+    EventFn,
     _Base,
-    _download_target,
     _final,
     _final_deadline,
     _request_of,
     _sha256,
+    checked,
+    retry_delay,
 )
 from libreyolo_client._errors import (
-    ChecksumError,
     Conflict,
     ServiceUnavailable,
     SubmitWarning,
@@ -47,22 +54,177 @@ from libreyolo_client._follow import Follower
 from libreyolo_client._models import (
     ArtifactInfo,
     Box,
+    DatasetInfo,
     Event,
     JobInfo,
+    JobStatus,
     Model,
     Preflight,
     TuneReport,
+    ValReport,
     boxes_from,
     exported,
     published,
 )
-from libreyolo_client._sse import SSEvent, aparse_sse
+from libreyolo_client._progress import EventPrinter
+from libreyolo_client._sse import aparse_sse
+from libreyolo_client._steps import (
+    CloseStream,
+    Deliver,
+    GetPage,
+    GetRaw,
+    Hash,
+    NextSSE,
+    OpenFile,
+    OpenStream,
+    ProgressFn,
+    Save,
+    Sleep,
+    Steps,
+)
+from libreyolo_client._transfer import CHUNK
 
-__all__ = ["AsyncClient", "AsyncJob"]
+__all__ = ["AsyncClient", "AsyncJob", "AsyncWire"]
+
+
+class AsyncWire:
+    """Async twin of :class:`~libreyolo_client._client.Wire`: an :class:`AsyncClient`'s
+    retrying requests and the driver of the I/O-free procedures (internal, but named: what
+    an :class:`AsyncJob` uses to reach the service)."""
+
+    def __init__(self, http: httpx.AsyncClient, config: _Base):
+        self.http = http
+        self._config = config
+
+    @property
+    def retries(self) -> int:
+        """Retries of an idempotent call (the client's ``retries``)."""
+        return self._config.retries
+
+    def delay(self, attempt: int, response: httpx.Response | None = None) -> float:
+        """Seconds before retry ``attempt`` (:func:`retry_delay`, the client's
+        ``backoff_s``)."""
+        return retry_delay(attempt, response, self._config.backoff_s)
+
+    async def request(self, method: str, path: str, *, idempotent: bool = True,
+                      **kw: Any) -> httpx.Response:
+        """See :meth:`Wire.request <libreyolo_client._client.Wire.request>`."""
+        attempt = 0
+        while True:
+            r: httpx.Response | None = None
+            try:
+                r = await self.http.request(method, path, **kw)
+            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
+                raise unsendable(exc, kw.get("json")) from exc
+            except httpx.TransportError as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise no_answer(exc, _request_of(exc)) from exc
+            else:
+                if r.status_code not in RETRY_STATUSES or not idempotent \
+                        or attempt >= self.retries:
+                    return checked(r)
+            await asyncio.sleep(self.delay(attempt, r))
+            attempt += 1
+
+    async def json(self, method: str, path: str, **kw: Any) -> Any:
+        """:meth:`request`'s JSON body."""
+        return (await self.request(method, path, **kw)).json()
+
+    async def drive(self, steps: Steps) -> AsyncIterator[Any]:
+        """Perform a procedure's operations, awaiting; yields what it delivers (see
+        :meth:`Wire.drive <libreyolo_client._client.Wire.drive>`)."""
+        with contextlib.closing(steps):
+            async with contextlib.AsyncExitStack() as stack:
+                stream = _AsyncOpen(stack)
+                while (op := steps.next_op()) is not None:
+                    if isinstance(op, Deliver):
+                        yield op.event
+                        continue
+                    try:
+                        steps.answer(await self._perform(op, stream))
+                    except Exception as exc:
+                        await stack.aclose()
+                        steps.fail(exc)
+
+    async def run(self, steps: Steps) -> Any:
+        """Perform a procedure that delivers nothing; returns its result."""
+        async for _ in self.drive(steps):
+            pass
+        return steps.result
+
+    async def _perform(self, op: Any, stream: _AsyncOpen) -> Any:
+        """One operation's answer (see the operations in :mod:`libreyolo_client._steps`)."""
+        if isinstance(op, Sleep):
+            await asyncio.sleep(op.seconds)
+        elif isinstance(op, GetPage):
+            return await self.json("GET", op.path, params=op.params)
+        elif isinstance(op, GetRaw):
+            return await self.request("GET", op.path, params=op.params)
+        elif isinstance(op, OpenStream | OpenFile):
+            return await self._open(op, stream)
+        elif isinstance(op, NextSSE):
+            return await anext(stream.lines, None) if stream.lines is not None else None
+        elif isinstance(op, Save):
+            return await _save(op, stream.response)
+        elif isinstance(op, Hash):
+            return await asyncio.to_thread(_sha256, op.file)
+        elif isinstance(op, CloseStream):
+            await stream.stack.aclose()
+        return None
+
+    async def _open(self, op: OpenStream | OpenFile, stream: _AsyncOpen) -> Any:
+        """Open ``op``'s stream (an :class:`OpenStream`'s error status is raised)."""
+        params = op.params if isinstance(op, OpenFile) else None
+        r = await stream.stack.enter_async_context(self.http.stream(
+            "GET", op.path, params=params, headers=op.headers, timeout=op.timeout))
+        stream.response = r
+        if r.status_code >= 400:
+            await r.aread()
+            if isinstance(op, OpenStream):
+                raise error_from_response(r)
+            return r
+        if isinstance(op, OpenFile):
+            return r
+        stream.lines = aparse_sse(r.aiter_lines())
+        return r.headers.get("content-type", "")
+
+
+class _AsyncOpen:
+    """The stream a driver holds open: its exit stack, response and SSE events."""
+
+    def __init__(self, stack: contextlib.AsyncExitStack):
+        self.stack = stack
+        self.response: Any = None
+        self.lines: Any = None
+
+
+async def _save(op: Save, r: httpx.Response) -> int:
+    """Write ``r``'s body to ``op.file``; the bytes done (see :class:`Save`)."""
+    done = op.done
+    with open(op.file, op.mode) as f:
+        async for chunk in r.aiter_bytes():
+            f.write(chunk)
+            done += len(chunk)
+            if op.report:
+                op.report(done, op.total)
+    return done
+
+
+async def _afile_chunks(path: Path, total: int, report: ProgressFn | None
+                        ) -> AsyncIterator[bytes]:
+    """Async twin of :func:`libreyolo_client._transfer.file_chunks` (reads in a thread)."""
+    sent = 0
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, CHUNK):
+            sent += len(chunk)
+            yield chunk
+            if report:
+                report(sent, total)
 
 
 class AsyncClient(_Base):
-    """Asyncio client; arguments as :class:`~libreyolo_client.Client`.
+    """Asyncio client; arguments as :class:`~libreyolo_client.Client`, methods as its
+    (awaited).
 
     Example::
 
@@ -79,6 +241,8 @@ class AsyncClient(_Base):
                          credentials_path=credentials_path)
         self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers(),
                                        timeout=self.timeout, transport=transport)
+        #: the HTTP layer this client and its :class:`AsyncJob` handles share (internal)
+        self.wire = AsyncWire(self._http, self)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -90,59 +254,36 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
     async def _request(self, method: str, path: str, *, idempotent: bool = True,
                        **kw: Any) -> httpx.Response:
-        attempt = 0
-        while True:
-            r: httpx.Response | None = None
-            try:
-                r = await self._http.request(method, path, **kw)
-            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
-                raise unsendable(exc, kw.get("json")) from exc
-            except httpx.TransportError as exc:
-                if not idempotent or attempt >= self.retries:
-                    raise no_answer(exc, _request_of(exc)) from exc
-            else:
-                if r.status_code not in RETRY_STATUSES or not idempotent \
-                        or attempt >= self.retries:
-                    return self._check(r)
-            await asyncio.sleep(self._delay(attempt, r))
-            attempt += 1
+        """:meth:`AsyncWire.request`."""
+        return await self.wire.request(method, path, idempotent=idempotent, **kw)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        return (await self._request(method, path, **kw)).json()
+        """:meth:`AsyncWire.json`."""
+        return await self.wire.json(method, path, **kw)
 
-    async def _drive(self, follower: Follower) -> AsyncIterator[Event]:
-        """Async twin of ``Client._drive``: performs a follower's operations
-        (:mod:`libreyolo_client._follow`), awaiting; yields the events it delivers."""
-        with contextlib.closing(follower):
-            async with contextlib.AsyncExitStack() as stream:
-                lines: AsyncIterator[SSEvent] | None = None
-                while (op := follower.next_op()) is not None:
-                    try:
-                        if isinstance(op, _follow.Deliver):
-                            yield op.event
-                        elif isinstance(op, _follow.Sleep):
-                            await asyncio.sleep(op.seconds)
-                        elif isinstance(op, _follow.GetPage):
-                            follower.answer(await self._json("GET", op.path, params=op.params))
-                        elif isinstance(op, _follow.OpenStream):
-                            r = await stream.enter_async_context(self._http.stream(
-                                "GET", op.path, headers=op.headers, timeout=op.timeout))
-                            if r.status_code >= 400:
-                                await r.aread()
-                                raise error_from_response(r)
-                            lines = aparse_sse(r.aiter_lines())
-                            follower.answer(r.headers.get("content-type", ""))
-                        elif isinstance(op, _follow.NextSSE):
-                            follower.answer(await anext(lines, None) if lines is not None
-                                            else None)
-                        elif isinstance(op, _follow.CloseStream):
-                            await stream.aclose()
-                    except Exception as exc:
-                        await stream.aclose()
-                        follower.fail(exc)
+    # -- service ----------------------------------------------------------------------
+    async def health(self) -> bool:
+        """See :meth:`Client.health`."""
+        try:
+            return (await self._http.get("/healthz", timeout=5)).status_code == 200
+        except httpx.HTTPError:
+            return False
 
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """See :meth:`Client.wait_ready`."""
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(0, f"{self.url} did not answer /healthz within "
+                                         f"{timeout:g} s")
+            await asyncio.sleep(0.25)
+
+    # -- jobs -------------------------------------------------------------------------
     async def submit(self, kind: str, model: str, data: str | os.PathLike[str], *,
                      gpus: int | None = None, procs: int = 1, nodes: int = 1, priority: int = 0,
                      time_budget_s: float | None = None, idempotency_key: str | None = None,
@@ -159,27 +300,35 @@ class AsyncClient(_Base):
         return AsyncJob(self, info)
 
     async def train(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
-                    gpus: int | None = None, **kw: Any) -> AsyncJob:
-        """See :meth:`Client.train` (``procs``, ``nodes``, ``priority``, ``time_budget_s`` and
-        ``idempotency_key`` are options; every other keyword is a training key)."""
-        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
-        return await self.submit("train", model, data, gpus=gpus, params=kw, **opts)
+                    gpus: int | None = None, *, procs: int = 1, nodes: int = 1,
+                    priority: int = 0, time_budget_s: float | None = None,
+                    idempotency_key: str | None = None, **params: Any) -> AsyncJob:
+        """See :meth:`Client.train`."""
+        return await self.submit("train", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                                 priority=priority, time_budget_s=time_budget_s,
+                                 idempotency_key=idempotency_key, params=params)
 
     async def profile(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
-                      gpus: int | None = None, **kw: Any) -> AsyncJob:
+                      gpus: int | None = None, *, procs: int = 1, nodes: int = 1,
+                      priority: int = 0, time_budget_s: float | None = None,
+                      idempotency_key: str | None = None, **params: Any) -> AsyncJob:
         """See :meth:`Client.profile`."""
-        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
-        return await self.submit("profile", model, data, gpus=gpus, params=kw, **opts)
+        return await self.submit("profile", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                                 priority=priority, time_budget_s=time_budget_s,
+                                 idempotency_key=idempotency_key, params=params)
 
     async def tune(self, model: str = "yolo9-t", data: str | os.PathLike[str] = "",
-                   gpus: int | None = None, **kw: Any) -> AsyncJob:
-        """See :meth:`Client.tune` (``repeat``, ``warmup``, ``steps``, ``max_candidates``,
-        ``budget_s``, ``min_gain`` are the tune's options; ``procs``, ``nodes``, ``priority``,
-        ``time_budget_s``, ``idempotency_key`` the job's; every other keyword a training key)."""
-        opts = {k: kw.pop(k) for k in JOB_OPTIONS if k in kw}
-        tune = {k: kw.pop(k) for k in TUNE_OPTIONS if k in kw}
-        return await self.submit("tune", model, data, gpus=gpus, params=kw,
-                                 tune={k: v for k, v in tune.items() if v is not None}, **opts)
+                   gpus: int | None = None, *, repeat: int | None = None,
+                   warmup: int | None = None, steps: int | None = None,
+                   max_candidates: int | None = None, budget_s: float | None = None,
+                   min_gain: float | None = None, procs: int = 1, nodes: int = 1,
+                   priority: int = 0, time_budget_s: float | None = None,
+                   idempotency_key: str | None = None, **params: Any) -> AsyncJob:
+        """See :meth:`Client.tune`."""
+        options = self._tune_options(repeat, warmup, steps, max_candidates, budget_s, min_gain)
+        return await self.submit("tune", model, data, gpus=gpus, procs=procs, nodes=nodes,
+                                 priority=priority, time_budget_s=time_budget_s,
+                                 idempotency_key=idempotency_key, params=params, tune=options)
 
     async def submit_predict(self, model: str, path: str | os.PathLike[str], *,
                              conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
@@ -204,43 +353,76 @@ class AsyncClient(_Base):
                                                                       f"/v1/jobs/{job_id}")))
 
     async def jobs(self, status: str | list[str] | None = None, kind: str | None = None,
-                   limit: int = 50) -> list[AsyncJob]:
-        """Your newest ``limit`` (at most 200) jobs; see :meth:`Client.jobs`."""
-        q: dict[str, Any] = {"limit": max(1, min(200, limit))}
-        if status:
-            q["status"] = status.split(",") if isinstance(status, str) else list(status)
-        if kind:
-            q["kind"] = kind
-        page = await self._json("GET", "/v1/jobs", params=q)
-        return [AsyncJob(self, JobInfo.model_validate(j)) for j in page["data"]]
+                   limit: int | None = 50) -> list[AsyncJob]:
+        """See :meth:`Client.jobs`."""
+        out: list[AsyncJob] = []
+        cursor: str | None = None
+        while True:
+            page = await self._json("GET", "/v1/jobs",
+                                    params=self._jobs_query(status, kind, limit, len(out),
+                                                            cursor))
+            out += [AsyncJob(self, JobInfo.model_validate(j)) for j in page["data"]]
+            if (cursor := self._jobs_done(page, limit, len(out))) is None:
+                return out
+
+    async def resume(self, job_id: str) -> AsyncJob:
+        """See :meth:`Client.resume`."""
+        return AsyncJob(self, JobInfo.model_validate(
+            await self._json("POST", f"/v1/jobs/{job_id}/resume")))
 
     async def cancel(self, job_id: str) -> JobInfo:
         """See :meth:`Client.cancel`."""
         try:
             return JobInfo.model_validate(await self._json("POST", f"/v1/jobs/{job_id}/cancel"))
         except Conflict as exc:
-            if exc.problem.get("status_now") == "cancelled":
+            if exc.problem.get("status_now") == JobStatus.CANCELLED:
                 return (await self.job(job_id)).info
             raise
 
+    # -- datasets ---------------------------------------------------------------------
+    async def register_dataset(self, path: str | os.PathLike[str], name: str | None = None
+                               ) -> DatasetInfo:
+        """See :meth:`Client.register_dataset`."""
+        return DatasetInfo.model_validate(await self._json(
+            "POST", "/v1/datasets/register", json=self._register_body(path, name),
+            idempotent=False))
 
-    async def upload_model(self, path: str | os.PathLike[str], name: str | None = None
-                           ) -> Model:
-        """See :meth:`Client.upload_model` (no progress callback)."""
-        src = Path(path).expanduser()
-        if not src.is_file():
-            raise FileNotFoundError(f"weights file {src} does not exist")
+    async def upload_dataset(self, path_or_zip: str | os.PathLike[str],
+                             name: str | None = None, *,
+                             progress: bool | ProgressFn = False) -> DatasetInfo:
+        """See :meth:`Client.upload_dataset` (a folder is zipped in a worker thread)."""
+        src, name = _transfer.dataset_source(path_or_zip, name)
+        zipped = await asyncio.to_thread(_transfer.zip_folder, src) if src.is_dir() else src
+        report = _transfer.progress_fn(progress, f"upload {name}")
+        try:
+            total = zipped.stat().st_size
+            r = await self.wire.request(
+                **_transfer.upload_request("/v1/datasets", name, total, "application/zip"),
+                content=_afile_chunks(zipped, total, report))
+            return DatasetInfo.model_validate(r.json())
+        finally:
+            if zipped is not src:
+                zipped.unlink(missing_ok=True)
 
-        async def body() -> AsyncIterator[bytes]:
-            with open(src, "rb") as f:
-                while chunk := await asyncio.to_thread(f.read, CHUNK):
-                    yield chunk
+    async def datasets(self) -> list[DatasetInfo]:
+        """See :meth:`Client.datasets`."""
+        return [DatasetInfo.model_validate(d)
+                for d in (await self._json("GET", "/v1/datasets"))["data"]]
 
-        r = await self._request("POST", "/v1/models", params={"name": name or src.stem},
-                                content=body(), idempotent=False,
-                                headers={"Content-Type": "application/octet-stream",
-                                         "Content-Length": str(src.stat().st_size)},
-                                timeout=httpx.Timeout(600.0, connect=10.0))
+    async def delete_dataset(self, dataset_id: str) -> None:
+        """See :meth:`Client.delete_dataset`."""
+        await self._request("DELETE", f"/v1/datasets/{dataset_id}")
+
+    # -- models -----------------------------------------------------------------------
+    async def upload_model(self, path: str | os.PathLike[str], name: str | None = None, *,
+                           progress: bool | ProgressFn = False) -> Model:
+        """See :meth:`Client.upload_model`."""
+        src, name = _transfer.model_source(path, name)
+        report = _transfer.progress_fn(progress, f"upload {name}")
+        total = src.stat().st_size
+        r = await self.wire.request(
+            **_transfer.upload_request("/v1/models", name, total, "application/octet-stream"),
+            content=_afile_chunks(src, total, report))
         return Model.model_validate(r.json()).bind(self)
 
     async def models(self) -> list[Model]:
@@ -259,61 +441,65 @@ class AsyncClient(_Base):
             "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
         for text in model.warnings:
             warnings.warn(text, SubmitWarning, stacklevel=2)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not exported(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
-                                  f"{model.onnx.state} after {timeout:g} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = await self.model(model_id)
-        return model
-
-    async def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None,
-                             *, format: str = "pt") -> Path:
-        """See :meth:`Client.download_model`."""
-        info = await self.model(model_id)
-        target, expected = _download_target(self, info, dest, format)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        async with self._http.stream("GET", f"/v1/models/{model_id}/file",
-                                     params={"format": format},
-                                     timeout=httpx.Timeout(30.0, connect=10.0)) as r:
-            if r.status_code >= 400:
-                await r.aread()
-                raise error_from_response(r)
-            with open(part, "wb") as f:
-                async for chunk in r.aiter_bytes():
-                    await asyncio.to_thread(f.write, chunk)
-        if await asyncio.to_thread(_sha256, part) != expected:
-            part.unlink(missing_ok=True)
-            raise ChecksumError(f"model {model_id}: the downloaded bytes differ from sha256 "
-                                f"{expected}")
-        os.replace(part, target)
-        return target
+        if not wait:
+            return model
+        return Model.bind(await self.wire.run(Steps(_transfer.model_ready(
+            model, exported, timeout, lambda m: f"model {model_id}: the ONNX export is "
+            f"still {m.onnx.state} after {timeout:g} s"))), self)
 
     async def delete_model(self, model_id: str) -> None:
         """See :meth:`Client.delete_model`."""
         await self._request("DELETE", f"/v1/models/{model_id}")
 
+    async def download_model(self, model_id: str, dest: str | os.PathLike[str] | None = None,
+                             *, format: str = "pt") -> Path:
+        """See :meth:`Client.download_model`."""
+        return Path(await self.wire.run(Steps(_transfer.download_model(
+            model_id, dest, format, retries=self.retries, delay=self.wire.delay))))
+
 
 class AsyncJob:
-    """Async twin of :class:`~libreyolo_client.Job`."""
+    """Async twin of :class:`~libreyolo_client.Job`; its properties read the job as last
+    read (see the module docstring)."""
 
     def __init__(self, client: AsyncClient, info: JobInfo):
-        self._client, self.id, self.info = client, info.id, info
+        self._client = client
+        self.id = info.id
+        self.info = info
 
     def __repr__(self) -> str:
         return f"<AsyncJob {self.id} {self.info.kind} {self.info.model} {self.info.status}>"
 
     @property
-    def status(self) -> str:
+    def _wire(self) -> AsyncWire:
+        """The client's HTTP layer (:attr:`AsyncClient.wire`)."""
+        return self._client.wire
+
+    @property
+    def status(self) -> JobStatus | str:
+        """See :attr:`Job.status`."""
         return self.info.status
 
     @property
     def page_url(self) -> str:
+        """The job's page in the browser."""
         return self._client.page_url(self.id)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The result of the job as last read (see :attr:`Job.result`); None while it
+        runs."""
+        return self.info.result
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Final metrics as last read (see :attr:`Job.metrics`), or ``{}``."""
+        return dict((self.result or {}).get("metrics") or {})
+
+    @property
+    def lever(self) -> dict[str, Any]:
+        """A profile job's lever as last read (see :attr:`Job.lever`), or ``{}``."""
+        return dict((self.result or {}).get("lever") or {})
 
     @property
     def tune(self) -> TuneReport | None:
@@ -332,7 +518,7 @@ class AsyncJob:
 
     async def refresh(self) -> JobInfo:
         """Read the job again."""
-        self.info = JobInfo.model_validate(await self._client._json("GET", f"/v1/jobs/{self.id}"))
+        self.info = JobInfo.model_validate(await self._wire.json("GET", f"/v1/jobs/{self.id}"))
         return self.info
 
     async def cancel(self) -> JobInfo:
@@ -340,45 +526,26 @@ class AsyncJob:
         self.info = await self._client.cancel(self.id)
         return self.info
 
-    async def publish(self, name: str, *, wait: bool = True, timeout: float = 300.0) -> Model:
-        """See :meth:`Job.publish`."""
-        model = Model.model_validate(await self._client._json(
-            "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
-            timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not published(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = await self._client.model(model.id)
-        return model
-
-    async def artifacts(self) -> list[ArtifactInfo]:
-        """See :meth:`Job.artifacts`."""
-        page = await self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
-        return [ArtifactInfo.model_validate(a) for a in page["data"]]
-
-    async def boxes(self) -> list[Box]:
-        """See :meth:`Job.boxes`."""
-        if not (self.info.result or {}).get("predict"):
-            await self.refresh()
-        names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
-        r = await self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
-        return boxes_from(r.json(), names)
-
+    # -- following -------------------------------------------------------------------
     def events(self, after: int = 0, *, follow: bool = True, timeout: float | None = None
                ) -> AsyncIterator[Event]:
         """The job's events in order, each once; see :meth:`Job.events`."""
-        return self._client._drive(Follower(self, after, follow=follow, timeout=timeout,
-                                            delay=self._client._delay))
+        return self._wire.drive(Follower(self, after, follow=follow, timeout=timeout,
+                                         delay=self._wire.delay))
 
-    async def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True
-                   ) -> JobInfo:
+    async def wait(self, timeout: float | None = None, *, progress: bool = False,
+                   on_event: EventFn | None = None, raise_on_failure: bool = True) -> JobInfo:
         """See :meth:`Job.wait`."""
-        async for _ in self.events(timeout=timeout):
-            pass
+        printer = EventPrinter(self.id) if progress else None
+        try:
+            async for ev in self.events(timeout=timeout):
+                if printer:
+                    printer(ev)
+                if on_event:
+                    on_event(ev)
+        finally:
+            if printer:
+                printer.close()
         info = await self.refresh()
         deadline = _final_deadline(timeout)
         while not info.done:  # `end` came before the row was re-read (replica lag): poll
@@ -388,42 +555,46 @@ class AsyncJob:
             info = await self.refresh()
         return _final(info, raise_on_failure)
 
+    def logs(self, *, follow: bool = False, tail: int | None = None,
+             poll_s: float = 1.0) -> AsyncIterator[str]:
+        """The engine's log line by line (``async for``); see :meth:`Job.logs`."""
+        return self._wire.drive(Steps(_transfer.log_lines(self, follow=follow, tail=tail,
+                                                          poll_s=poll_s)))
+
+    # -- artifacts -------------------------------------------------------------------
+    async def publish(self, name: str, *, wait: bool = True, timeout: float = 300.0) -> Model:
+        """See :meth:`Job.publish`."""
+        model = Model.model_validate(await self._wire.json(
+            "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
+            timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
+        if not wait:
+            return model
+        return Model.bind(await self._wire.run(Steps(_transfer.model_ready(
+            model, published, timeout,
+            lambda m: f"model {m.id} is still {m.state} after {timeout:g} s"))), self._client)
+
+    async def report(self) -> ValReport:
+        """See :meth:`Job.report`."""
+        r = await self._wire.request("GET", f"/v1/jobs/{self.id}/artifacts/val/report.json")
+        return ValReport.model_validate(r.json())
+
+    async def artifacts(self) -> list[ArtifactInfo]:
+        """See :meth:`Job.artifacts`."""
+        page = await self._wire.json("GET", f"/v1/jobs/{self.id}/artifacts")
+        return [ArtifactInfo.model_validate(a) for a in page["data"]]
+
+    async def boxes(self) -> list[Box]:
+        """See :meth:`Job.boxes`."""
+        if not (self.info.result or {}).get("predict"):
+            await self.refresh()
+        names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
+        r = await self._wire.request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
+        return boxes_from(r.json(), names)
+
     async def download(self, path: str = "weights/best.pt",
-                       dest: str | os.PathLike[str] | None = None) -> Path:
-        """Download one artifact with Range resume and a sha256 check; see
-        :meth:`Job.download`."""
-        c = self._client
-        target = c._dest(path, dest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        url = f"/v1/jobs/{self.id}/artifacts/{path}"
-        fresh, attempt = 0, 0
-        while True:
-            offset = part.stat().st_size if part.exists() else 0
-            try:
-                async with c._http.stream("GET", url, headers={"Range": f"bytes={offset}-"}
-                                          if offset else {}) as r:
-                    if r.status_code == 416:
-                        await r.aread()
-                        part.unlink(missing_ok=True)
-                        continue
-                    if r.status_code >= 400:
-                        await r.aread()
-                        raise error_from_response(r)
-                    expected = r.headers.get("x-content-sha256")
-                    with open(part, "ab" if r.status_code == 206 else "wb") as f:
-                        async for chunk in r.aiter_bytes():
-                            f.write(chunk)
-            except (httpx.TransportError, ServiceUnavailable) as exc:
-                if attempt >= c.retries:
-                    raise no_answer(exc, None) from exc
-                await asyncio.sleep(c._delay(attempt))
-                attempt += 1
-                continue
-            if expected is None or _sha256(part) == expected:
-                os.replace(part, target)
-                return target
-            part.unlink(missing_ok=True)
-            if fresh:
-                raise ChecksumError(f"{path} of job {self.id}: sha256 differs from {expected}")
-            fresh += 1
+                       dest: str | os.PathLike[str] | None = None, *,
+                       progress: bool | ProgressFn = False) -> Path:
+        """See :meth:`Job.download`."""
+        return Path(await self._wire.run(Steps(_transfer.download_artifact(
+            self, path, dest, retries=self._wire.retries, delay=self._wire.delay,
+            report=_transfer.progress_fn(progress, f"download {path}")))))

@@ -1,9 +1,13 @@
 """``Client`` and ``Job``: the synchronous SDK over httpx.
 
 Everything that does no I/O (URLs, headers, request bodies, parsing replies, retry
-decisions) lives in :class:`_Base`, and following a job's events in
-:class:`libreyolo_client._follow.Follower`, so the async twin (``libreyolo_client._async``)
-only sends and awaits.
+decisions) lives in :class:`_Base`; following a job's events, reading its log and moving
+files are I/O-free procedures (:mod:`libreyolo_client._follow`,
+:mod:`libreyolo_client._transfer`) that :class:`Wire`, the client's HTTP layer, performs.
+The async twin (``libreyolo_client._async``) has the same pieces and only sends and awaits.
+
+A :class:`Job` talks to the service through its client's :attr:`Client.wire` and public
+methods only.
 """
 
 from __future__ import annotations
@@ -12,21 +16,17 @@ import contextlib
 import hashlib
 import os
 import random
-import tempfile
 import time
 import uuid
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from libreyolo_client import _config, _follow
+from libreyolo_client import _config, _transfer
 from libreyolo_client._errors import (
-    APIError,
-    ChecksumError,
     Conflict,
     JobCancelled,
     JobFailed,
@@ -44,6 +44,7 @@ from libreyolo_client._models import (
     DatasetInfo,
     Event,
     JobInfo,
+    JobStatus,
     Model,
     Preflight,
     TuneReport,
@@ -53,28 +54,35 @@ from libreyolo_client._models import (
     published,
 )
 from libreyolo_client._progress import EventPrinter
-from libreyolo_client._sse import SSEvent, parse_sse
+from libreyolo_client._sse import parse_sse
+from libreyolo_client._steps import (
+    CloseStream,
+    Deliver,
+    GetPage,
+    GetRaw,
+    Hash,
+    NextSSE,
+    OpenFile,
+    OpenStream,
+    ProgressFn,
+    Save,
+    Sleep,
+    Steps,
+)
+from libreyolo_client._transfer import CHUNK
 
-__all__ = ["Client", "Job", "DEFAULT_TIMEOUT"]
+__all__ = ["Client", "Job", "DEFAULT_TIMEOUT", "Wire"]
 
 #: seconds per phase; reads are long because a dataset upload waits for the scan.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: The longest ``Retry-After`` the SDK waits for (seconds); a longer one is cut to this.
 MAX_RETRY_AFTER_S = 60.0
-CHUNK = 1 << 20
 
-ProgressFn = Callable[[int, int | None], None]
-#: The options of a tune job (every other keyword of :meth:`Client.tune` is a training key).
-TUNE_OPTIONS = ("repeat", "warmup", "steps", "max_candidates", "budget_s", "min_gain")
-#: The job's own options of :meth:`Client.train`, ``profile`` and ``tune`` (every other
-#: keyword is a training key).
-JOB_OPTIONS = ("procs", "nodes", "priority", "time_budget_s", "idempotency_key")
 #: image suffix -> the Content-Type ``POST /v1/predict`` takes
 PREDICT_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
                  ".webp": "image/webp", ".bmp": "image/bmp"}
 EventFn = Callable[[Event], None]
-
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
@@ -97,6 +105,23 @@ def retry_after_s(response: httpx.Response) -> float | None:
     from datetime import datetime as _dt
 
     return max(0.0, (when - _dt.now(when.tzinfo)).total_seconds())
+
+def retry_delay(attempt: int, response: httpx.Response | None, backoff_s: float) -> float:
+    """Seconds before retry ``attempt`` (0, 1, ...): the answer's ``Retry-After`` (seconds
+    or an HTTP date, as a 503 or 429 sends it), at most :data:`MAX_RETRY_AFTER_S`; else
+    exponential backoff with jitter from ``backoff_s``: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
+    after = retry_after_s(response) if response is not None else None
+    if after is not None:
+        return min(after, MAX_RETRY_AFTER_S)
+    return min(8.0, backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
+
+
+def checked(r: httpx.Response) -> httpx.Response:
+    """``r``, or its typed :class:`APIError` raised when its status is an error (>= 400)."""
+    if r.status_code >= 400:
+        raise error_from_response(r)
+    return r
+
 
 class _Base:
     """Configuration and everything without I/O, shared by the sync and async clients."""
@@ -121,13 +146,8 @@ class _Base:
         return h
 
     def _delay(self, attempt: int, response: httpx.Response | None = None) -> float:
-        """The wait before retry ``attempt``: the answer's ``Retry-After`` (seconds or an
-        HTTP date, as a 503 or 429 sends it), at most :data:`MAX_RETRY_AFTER_S`; else
-        exponential backoff with jitter: 0.5, 1, 2, 4, 8 s (capped), +-25%."""
-        after = retry_after_s(response) if response is not None else None
-        if after is not None:
-            return min(after, MAX_RETRY_AFTER_S)
-        return min(8.0, self.backoff_s * 2 ** attempt) * random.uniform(0.75, 1.25)
+        """:func:`retry_delay` with this client's ``backoff_s``."""
+        return retry_delay(attempt, response, self.backoff_s)
 
     @staticmethod
     def _data_ref(data: str | os.PathLike[str]) -> str:
@@ -153,6 +173,45 @@ class _Base:
         return body
 
     @staticmethod
+    def _tune_options(repeat: int | None, warmup: int | None, steps: int | None,
+                      max_candidates: int | None, budget_s: float | None,
+                      min_gain: float | None) -> dict[str, Any]:
+        """A tune job's ``tune`` body: the options given (None: the service's default)."""
+        return {k: v for k, v in (("repeat", repeat), ("warmup", warmup), ("steps", steps),
+                                  ("max_candidates", max_candidates), ("budget_s", budget_s),
+                                  ("min_gain", min_gain)) if v is not None}
+
+    @staticmethod
+    def _jobs_query(status: str | list[str] | None, kind: str | None, limit: int | None,
+                    have: int, cursor: str | None) -> dict[str, Any]:
+        """The query of one page of ``GET /v1/jobs`` (at most 200 a page) when ``have`` of
+        at most ``limit`` jobs were read so far."""
+        q: dict[str, Any] = {}
+        if status:
+            q["status"] = status.split(",") if isinstance(status, str) else list(status)
+        if kind:
+            q["kind"] = kind
+        q["limit"] = 200 if limit is None else max(1, min(200, limit - have))
+        if cursor:
+            q["cursor"] = cursor
+        return q
+
+    @staticmethod
+    def _jobs_done(page: dict[str, Any], limit: int | None, have: int) -> str | None:
+        """The cursor of the next page of ``GET /v1/jobs``, or None when the listing is
+        complete (no further page, or ``limit`` reached with ``have`` jobs)."""
+        cursor = page.get("next_cursor")
+        if not cursor or (limit is not None and have >= limit):
+            return None
+        return str(cursor)
+
+    def _register_body(self, path: str | os.PathLike[str], name: str | None) -> dict[str, str]:
+        """The body of ``POST /v1/datasets/register``: the yaml's path (made absolute when
+        it exists here) and the name (default: the yaml's folder name, else its stem)."""
+        p = self._data_ref(path)
+        return {"name": name or Path(p).parent.name or Path(p).stem, "path": p}
+
+    @staticmethod
     def _predict_request(model: str, path: str | os.PathLike[str], conf: float, iou: float,
                          imgsz: int | None, max_det: int) -> dict[str, Any]:
         """The keywords of ``POST /v1/predict`` for the image file ``path``.
@@ -173,52 +232,143 @@ class _Base:
         return {"params": params, "content": src.read_bytes(), "idempotent": False,
                 "headers": {"Content-Type": kind}}
 
-    @staticmethod
-    def _check(r: httpx.Response) -> httpx.Response:
-        if r.status_code >= 400:
-            raise error_from_response(r)
-        return r
-
-    @staticmethod
-    def _dest(path: str, dest: str | os.PathLike[str] | None) -> Path:
-        name = Path(path).name
-        if dest is None:
-            return Path.cwd() / name
-        d = Path(dest).expanduser()
-        if d.is_dir() or os.fspath(dest).endswith(("/", os.sep)):
-            return d / name
-        return d
-
     def page_url(self, job_id: str) -> str:
         """The job's page in the browser."""
         return f"{self.url}/jobs/{job_id}"
 
 
-#: where the service looks for a dataset's yaml in an upload (its top, or one folder down).
-_YAMLS = ("*.yaml", "*/*.yaml", "*.yml", "*/*.yml")
+class Wire:
+    """A client's HTTP layer: retrying requests, and the driver that performs the
+    operations of the I/O-free procedures (:mod:`libreyolo_client._steps`).
+
+    Internal, but named: it is what a :class:`Job` uses to reach the service (with the
+    client's public methods), and what :class:`libreyolo_client._async.AsyncWire` mirrors.
+    The retry settings are the client's (``retries``, ``backoff_s``), read at each call.
+    """
+
+    def __init__(self, http: httpx.Client, config: _Base):
+        self.http = http
+        self._config = config
+
+    @property
+    def retries(self) -> int:
+        """Retries of an idempotent call (the client's ``retries``)."""
+        return self._config.retries
+
+    def delay(self, attempt: int, response: httpx.Response | None = None) -> float:
+        """Seconds before retry ``attempt`` (:func:`retry_delay`, the client's
+        ``backoff_s``)."""
+        return retry_delay(attempt, response, self._config.backoff_s)
+
+    def request(self, method: str, path: str, *, idempotent: bool = True,
+                **kw: Any) -> httpx.Response:
+        """Send with retries (idempotent calls only) and raise typed errors.
+
+        Raises:
+            ServiceUnavailable: no answer, or 502/503/504, after the retries (a 429 and a
+                503 are retried after their Retry-After, bounded).
+            APIError: (subclasses) any other error status.
+            ValidationError: a JSON body httpx cannot encode (NaN, infinity).
+        """
+        attempt = 0
+        while True:
+            r: httpx.Response | None = None
+            try:
+                r = self.http.request(method, path, **kw)
+            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
+                raise unsendable(exc, kw.get("json")) from exc
+            except httpx.TransportError as exc:
+                if not idempotent or attempt >= self.retries:
+                    raise no_answer(exc, _request_of(exc)) from exc
+            else:
+                if r.status_code not in RETRY_STATUSES or not idempotent \
+                        or attempt >= self.retries:
+                    return checked(r)
+            time.sleep(self.delay(attempt, r))
+            attempt += 1
+
+    def json(self, method: str, path: str, **kw: Any) -> Any:
+        """:meth:`request`'s JSON body."""
+        return self.request(method, path, **kw).json()
+
+    def drive(self, steps: Steps) -> Iterator[Any]:
+        """Perform a procedure's operations, blocking; yields what it delivers. The open
+        stream, if any, is closed before an error is reported to the procedure, and when
+        it ends (also when the caller stops iterating)."""
+        with contextlib.closing(steps), contextlib.ExitStack() as stack:
+            stream = _Open(stack)
+            while (op := steps.next_op()) is not None:
+                if isinstance(op, Deliver):
+                    yield op.event
+                    continue
+                try:
+                    steps.answer(self._perform(op, stream))
+                except Exception as exc:
+                    stack.close()
+                    steps.fail(exc)
+
+    def run(self, steps: Steps) -> Any:
+        """Perform a procedure that delivers nothing; returns its result."""
+        for _ in self.drive(steps):
+            pass
+        return steps.result
+
+    def _perform(self, op: Any, stream: _Open) -> Any:
+        """One operation's answer (see the operations in :mod:`libreyolo_client._steps`)."""
+        if isinstance(op, Sleep):
+            time.sleep(op.seconds)
+        elif isinstance(op, GetPage):
+            return self.json("GET", op.path, params=op.params)
+        elif isinstance(op, GetRaw):
+            return self.request("GET", op.path, params=op.params)
+        elif isinstance(op, OpenStream | OpenFile):
+            return self._open(op, stream)
+        elif isinstance(op, NextSSE):
+            return next(stream.lines, None) if stream.lines is not None else None
+        elif isinstance(op, Save):
+            return _save(op, stream.response)
+        elif isinstance(op, Hash):
+            return _sha256(op.file)
+        elif isinstance(op, CloseStream):
+            stream.stack.close()
+        return None
+
+    def _open(self, op: OpenStream | OpenFile, stream: _Open) -> Any:
+        """Open ``op``'s stream (an :class:`OpenStream`'s error status is raised)."""
+        params = op.params if isinstance(op, OpenFile) else None
+        r = stream.stack.enter_context(self.http.stream(
+            "GET", op.path, params=params, headers=op.headers, timeout=op.timeout))
+        stream.response = r
+        if r.status_code >= 400:
+            r.read()
+            if isinstance(op, OpenStream):
+                raise error_from_response(r)
+            return r
+        if isinstance(op, OpenFile):
+            return r
+        stream.lines = parse_sse(r.iter_lines())
+        return r.headers.get("content-type", "")
 
 
-def _zip_folder(folder: Path) -> Path:
-    """Zip a dataset folder to a temporary file (label caches left out). Caller deletes it."""
-    fd, name = tempfile.mkstemp(prefix=f"{folder.name}-", suffix=".zip")
-    os.close(fd)
-    with zipfile.ZipFile(name, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for p in sorted(folder.rglob("*")):
-            if p.is_file() and not p.is_symlink() and not p.name.endswith(".cache"):
-                zf.write(p, p.relative_to(folder).as_posix())
-    return Path(name)
+class _Open:
+    """The stream a driver holds open: its exit stack, response and SSE events."""
+
+    def __init__(self, stack: Any):
+        self.stack = stack
+        self.response: Any = None
+        self.lines: Any = None
 
 
-def _file_chunks(path: Path, total: int, report: ProgressFn | None) -> Iterator[bytes]:
-    """The bytes of ``path`` in ``CHUNK``-sized pieces for a streamed upload body, calling
-    ``report(sent, total)`` after each."""
-    sent = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            sent += len(chunk)
-            yield chunk
-            if report:
-                report(sent, total)
+def _save(op: Save, r: httpx.Response) -> int:
+    """Write ``r``'s body to ``op.file``; the bytes done (see :class:`Save`)."""
+    done = op.done
+    with open(op.file, op.mode) as f:
+        for chunk in r.iter_bytes():
+            f.write(chunk)
+            done += len(chunk)
+            if op.report:
+                op.report(done, op.total)
+    return done
 
 
 class Client(_Base):
@@ -254,6 +404,8 @@ class Client(_Base):
                          credentials_path=credentials_path)
         self._http = httpx.Client(base_url=self.url, headers=self._headers(),
                                   timeout=self.timeout, transport=transport)
+        #: the HTTP layer this client and its :class:`Job` handles share (internal)
+        self.wire = Wire(self._http, self)
 
     # -- lifecycle --------------------------------------------------------------------
     def close(self) -> None:
@@ -269,65 +421,15 @@ class Client(_Base):
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
-    # -- transport with retries ---------------------------------------------------------
+    # -- transport ----------------------------------------------------------------------
     def _request(self, method: str, path: str, *, idempotent: bool = True,
                  **kw: Any) -> httpx.Response:
-        """Send with retries (idempotent calls only) and raise typed errors.
-
-        Raises:
-            ServiceUnavailable: no answer, or 502/503/504, after the retries (a 429 and a
-                503 are retried after their Retry-After, bounded).
-            APIError: (subclasses) any other error status.
-        """
-        attempt = 0
-        while True:
-            r: httpx.Response | None = None
-            try:
-                r = self._http.request(method, path, **kw)
-            except ValueError as exc:  # httpx encodes json= strictly: no NaN or infinity
-                raise unsendable(exc, kw.get("json")) from exc
-            except httpx.TransportError as exc:
-                if not idempotent or attempt >= self.retries:
-                    raise no_answer(exc, _request_of(exc)) from exc
-            else:
-                if r.status_code not in RETRY_STATUSES or not idempotent \
-                        or attempt >= self.retries:
-                    return self._check(r)
-            time.sleep(self._delay(attempt, r))
-            attempt += 1
+        """:meth:`Wire.request`."""
+        return self.wire.request(method, path, idempotent=idempotent, **kw)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
-        return self._request(method, path, **kw).json()
-
-    def _drive(self, follower: Follower) -> Iterator[Event]:
-        """Perform a follower's operations (:mod:`libreyolo_client._follow`), blocking;
-        yields the events it delivers. The open stream, if any, is closed before an error
-        is reported to the follower, and when following stops."""
-        with contextlib.closing(follower), contextlib.ExitStack() as stream:
-            lines: Iterator[SSEvent] | None = None
-            while (op := follower.next_op()) is not None:
-                try:
-                    if isinstance(op, _follow.Deliver):
-                        yield op.event
-                    elif isinstance(op, _follow.Sleep):
-                        time.sleep(op.seconds)
-                    elif isinstance(op, _follow.GetPage):
-                        follower.answer(self._json("GET", op.path, params=op.params))
-                    elif isinstance(op, _follow.OpenStream):
-                        r = stream.enter_context(self._http.stream(
-                            "GET", op.path, headers=op.headers, timeout=op.timeout))
-                        if r.status_code >= 400:
-                            r.read()
-                            raise error_from_response(r)
-                        lines = parse_sse(r.iter_lines())
-                        follower.answer(r.headers.get("content-type", ""))
-                    elif isinstance(op, _follow.NextSSE):
-                        follower.answer(next(lines, None) if lines is not None else None)
-                    elif isinstance(op, _follow.CloseStream):
-                        stream.close()
-                except Exception as exc:
-                    stream.close()
-                    follower.fail(exc)
+        """:meth:`Wire.json`."""
+        return self.wire.json(method, path, **kw)
 
     # -- service ----------------------------------------------------------------------
     def health(self) -> bool:
@@ -441,9 +543,7 @@ class Client(_Base):
             The :class:`Job`; when it is done, :attr:`Job.tune` is the typed
             :class:`TuneReport` (``recommended_params`` to train with).
         """
-        options = {k: v for k, v in (("repeat", repeat), ("warmup", warmup), ("steps", steps),
-                                     ("max_candidates", max_candidates), ("budget_s", budget_s),
-                                     ("min_gain", min_gain)) if v is not None}
+        options = self._tune_options(repeat, warmup, steps, max_candidates, budget_s, min_gain)
         return self.submit("tune", model, data, gpus=gpus, procs=procs, nodes=nodes,
                            priority=priority,
                            time_budget_s=time_budget_s, idempotency_key=idempotency_key,
@@ -503,20 +603,13 @@ class Client(_Base):
             kind: ``train`` or ``profile``.
             limit: at most this many (None = all, page by page).
         """
-        params: dict[str, Any] = {}
-        if status:
-            params["status"] = status.split(",") if isinstance(status, str) else list(status)
-        if kind:
-            params["kind"] = kind
         out: list[Job] = []
-        cursor = None
+        cursor: str | None = None
         while True:
-            page_size = 200 if limit is None else max(1, min(200, limit - len(out)))
-            q = {**params, "limit": page_size, **({"cursor": cursor} if cursor else {})}
-            page = self._json("GET", "/v1/jobs", params=q)
+            page = self._json("GET", "/v1/jobs",
+                              params=self._jobs_query(status, kind, limit, len(out), cursor))
             out += [Job(self, JobInfo.model_validate(j)) for j in page["data"]]
-            cursor = page.get("next_cursor")
-            if not cursor or (limit is not None and len(out) >= limit):
+            if (cursor := self._jobs_done(page, limit, len(out))) is None:
                 return out
 
     def resume(self, job_id: str) -> Job:
@@ -539,7 +632,7 @@ class Client(_Base):
         try:
             return JobInfo.model_validate(self._json("POST", f"/v1/jobs/{job_id}/cancel"))
         except Conflict as exc:
-            if exc.problem.get("status_now") == "cancelled":
+            if exc.problem.get("status_now") == JobStatus.CANCELLED:
                 return self.job(job_id).info
             raise
 
@@ -551,10 +644,9 @@ class Client(_Base):
         Raises:
             ValidationError: ``field == "path"`` when it is not an existing yaml there.
         """
-        p = self._data_ref(path)
-        name = name or Path(p).parent.name or Path(p).stem
         return DatasetInfo.model_validate(self._json(
-            "POST", "/v1/datasets/register", json={"name": name, "path": p}, idempotent=False))
+            "POST", "/v1/datasets/register", json=self._register_body(path, name),
+            idempotent=False))
 
     def upload_dataset(self, path_or_zip: str | os.PathLike[str], name: str | None = None, *,
                        progress: bool | ProgressFn = False) -> DatasetInfo:
@@ -581,24 +673,14 @@ class Client(_Base):
             ValidationError: unsafe zip or no yaml in it (``field == "body"``).
             APIError: 413 when larger than the service's upload cap.
         """
-        src = Path(path_or_zip).expanduser()
-        if not src.exists():
-            raise FileNotFoundError(f"dataset {src} does not exist")
-        if src.is_dir() and not any(next(src.glob(pattern), None) for pattern in _YAMLS):
-            raise FileNotFoundError(
-                f"dataset folder {src} holds no dataset yaml (e.g. {src / 'data.yaml'}, or "
-                "one folder down): the yaml names the image folders and the classes")
-        zipped = _zip_folder(src) if src.is_dir() else src
-        name = name or (src.name if src.is_dir() else src.stem)
-        report = _progress_fn(progress, f"upload {name}")
+        src, name = _transfer.dataset_source(path_or_zip, name)
+        zipped = _transfer.zip_folder(src) if src.is_dir() else src
+        report = _transfer.progress_fn(progress, f"upload {name}")
         try:
             total = zipped.stat().st_size
-            r = self._request("POST", "/v1/datasets", params={"name": name},
-                              content=_file_chunks(zipped, total, report),
-                              idempotent=False,
-                              headers={"Content-Type": "application/zip",
-                                       "Content-Length": str(total)},
-                              timeout=httpx.Timeout(600.0, connect=10.0))
+            r = self.wire.request(
+                **_transfer.upload_request("/v1/datasets", name, total, "application/zip"),
+                content=_transfer.file_chunks(zipped, total, report))
             return DatasetInfo.model_validate(r.json())
         finally:
             if zipped is not src:
@@ -637,18 +719,12 @@ class Client(_Base):
                 torch file, a pickle that needs code, truncated, an unknown family).
             APIError: 413 when larger than the service's cap.
         """
-        src = Path(path).expanduser()
-        if not src.is_file():
-            raise FileNotFoundError(f"weights file {src} does not exist")
-        name = name or src.stem
-        report = _progress_fn(progress, f"upload {name}")
+        src, name = _transfer.model_source(path, name)
+        report = _transfer.progress_fn(progress, f"upload {name}")
         total = src.stat().st_size
-        r = self._request("POST", "/v1/models", params={"name": name},
-                          content=_file_chunks(src, total, report),
-                          idempotent=False,
-                          headers={"Content-Type": "application/octet-stream",
-                                   "Content-Length": str(total)},
-                          timeout=httpx.Timeout(600.0, connect=10.0))
+        r = self.wire.request(
+            **_transfer.upload_request("/v1/models", name, total, "application/octet-stream"),
+            content=_transfer.file_chunks(src, total, report))
         return Model.model_validate(r.json()).bind(self)
 
     def models(self) -> list[Model]:
@@ -689,16 +765,11 @@ class Client(_Base):
             "POST", f"/v1/models/{model_id}/export", params={"format": format})).bind(self)
         for text in model.warnings:
             warnings.warn(text, SubmitWarning, stacklevel=2)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not exported(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model_id}: the ONNX export is still "
-                                  f"{model.onnx.state} after {timeout:g} s")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = self.model(model_id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(self.wire.run(Steps(_transfer.model_ready(
+            model, exported, timeout, lambda m: f"model {model_id}: the ONNX export is "
+            f"still {m.onnx.state} after {timeout:g} s"))), self)
 
     def delete_model(self, model_id: str) -> None:
         """Delete a model and its file. Raises ``Conflict`` while a queued or running job
@@ -714,65 +785,18 @@ class Client(_Base):
             dest: a file path or a folder (default: ``<model name>.pt`` / ``.onnx`` in the
                 current folder).
 
+        Like :meth:`Job.download`, the bytes go to ``<dest>.part`` (an interrupted
+        download resumes with ``Range``; a wrong sha256 is downloaded once more), and a
+        ``dest`` already holding the right bytes is kept.
+
         Raises:
+            ValueError: ``format`` is neither ``pt`` nor ``onnx``.
             NotFound: unknown model. Conflict: ``format="onnx"`` and the export is not
             ready (the detail says its state). ChecksumError: the bytes differ from the
-            sha256.
+            sha256 (also after a fresh download). ServiceUnavailable: no answer.
         """
-        info = self.model(model_id)
-        target, expected = _download_target(self, info, dest, format)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(target.name + ".part")
-        with self._http.stream("GET", f"/v1/models/{model_id}/file", params={"format": format},
-                               timeout=httpx.Timeout(30.0, connect=10.0)) as r:
-            if r.status_code >= 400:
-                r.read()
-                raise error_from_response(r)
-            with open(part, "wb") as f:
-                for chunk in r.iter_bytes():
-                    f.write(chunk)
-        if _sha256(part) != expected:
-            part.unlink(missing_ok=True)
-            raise ChecksumError(f"model {model_id}: the downloaded bytes differ from sha256 "
-                                f"{expected}")
-        os.replace(part, target)
-        return target
-
-
-def _download_target(client: _Base, info: Model, dest: str | os.PathLike[str] | None,
-                     format: str) -> tuple[Path, str]:
-    """``(where a model download goes, the sha256 it must have)`` for ``format`` ``pt`` or
-    ``onnx`` (the export's digest, or ``""`` when it is not ready: the service then
-    answers 409, which is raised before the digest is compared)."""
-    if format not in ("pt", "onnx"):
-        raise ValueError(f"format={format!r}: choose pt or onnx")
-    if format == "onnx":
-        return client._dest(f"{info.name}.onnx", dest), str((info.onnx.info or {}).get("sha256", ""))
-    return client._dest(f"{info.name}.pt", dest), info.sha256
-
-
-def _progress_fn(progress: bool | ProgressFn | None, label: str) -> ProgressFn | None:
-    if callable(progress):
-        return progress
-    if not progress:
-        return None
-    import sys
-
-    last = [0.0]
-
-    def show(done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if now - last[0] < 0.5 and done != total:
-            return
-        last[0] = now
-        pct = f" ({100 * done / total:.0f}%)" if total else ""
-        sys.stderr.write(f"\r{label}: {done / 2**20:.1f}"
-                         f"{f'/{total / 2**20:.1f}' if total else ''} MiB{pct}")
-        if total and done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
+        return Path(self.wire.run(Steps(_transfer.download_model(
+            model_id, dest, format, retries=self.retries, delay=self.wire.delay))))
 
 
 class Job:
@@ -792,8 +816,14 @@ class Job:
         return f"<Job {self.id} {self.info.kind} {self.info.model} {self.info.status}>"
 
     @property
-    def status(self) -> str:
-        """Status as last read (``queued``, ``running``, ``cancelling``, ``succeeded``...)."""
+    def _wire(self) -> Wire:
+        """The client's HTTP layer (:attr:`Client.wire`)."""
+        return self._client.wire
+
+    @property
+    def status(self) -> JobStatus | str:
+        """Status as last read: a :class:`JobStatus` (a string: ``queued``, ``running``,
+        ``cancelling``, ``succeeded``...)."""
         return self.info.status
 
     @property
@@ -841,7 +871,7 @@ class Job:
 
     def refresh(self) -> JobInfo:
         """Read the job again; returns (and keeps) the new :class:`JobInfo`."""
-        self.info = JobInfo.model_validate(self._client._json("GET", f"/v1/jobs/{self.id}"))
+        self.info = JobInfo.model_validate(self._wire.json("GET", f"/v1/jobs/{self.id}"))
         return self.info
 
     def cancel(self) -> JobInfo:
@@ -870,8 +900,8 @@ class Job:
             ServiceUnavailable: the service did not answer for ``FOLLOW_GIVE_UP_S`` seconds.
             NotFound, AuthError: the job is gone or the token is refused.
         """
-        return self._client._drive(Follower(self, after, follow=follow, timeout=timeout,
-                                            delay=self._client._delay))
+        return self._wire.drive(Follower(self, after, follow=follow, timeout=timeout,
+                                         delay=self._wire.delay))
 
     def wait(self, timeout: float | None = None, *, progress: bool = False,
              on_event: EventFn | None = None, raise_on_failure: bool = True) -> JobInfo:
@@ -923,29 +953,8 @@ class Job:
         Yields:
             Lines without their line break.
         """
-        offset, buf = 0, b""
-        if tail:
-            r = self._client._request("GET", f"/v1/jobs/{self.id}/logs", params={"tail": tail})
-            yield from r.text.splitlines()
-            offset = int(r.headers.get("x-log-size", "0"))
-        while True:
-            done = self.refresh().done if follow else True
-            r = self._client._request("GET", f"/v1/jobs/{self.id}/logs",
-                                      params={"offset": offset})
-            data = r.content
-            offset += len(data)
-            size = int(r.headers.get("x-log-size", offset))
-            offset = min(offset, size) if size else offset
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for ln in lines:
-                yield ln.decode("utf-8", "replace").rstrip("\r")
-            if done:
-                if buf:
-                    yield buf.decode("utf-8", "replace")
-                return
-            if not data:
-                time.sleep(poll_s)
+        return self._wire.drive(Steps(_transfer.log_lines(self, follow=follow, tail=tail,
+                                                          poll_s=poll_s)))
 
     # -- artifacts -------------------------------------------------------------------
     def publish(self, name: str, *, wait: bool = True, timeout: float = 300.0) -> Model:
@@ -963,18 +972,14 @@ class Job:
             ValidationError: the service refused the checkpoint (``field`` ``job``).
             WaitTimeout: still inspecting after ``timeout`` seconds.
         """
-        model = Model.model_validate(self._client._json(
+        model = Model.model_validate(self._wire.json(
             "POST", f"/v1/jobs/{self.id}/publish", json={"name": name}, idempotent=False,
             timeout=httpx.Timeout(60.0, connect=10.0))).bind(self._client)
-        deadline = time.monotonic() + timeout
-        delay = 0.2
-        while wait and not published(model):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"model {model.id} is still {model.state} after {timeout:g} s")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
-            model = self._client.model(model.id)
-        return model
+        if not wait:
+            return model
+        return Model.bind(self._wire.run(Steps(_transfer.model_ready(
+            model, published, timeout,
+            lambda m: f"model {m.id} is still {m.state} after {timeout:g} s"))), self._client)
 
     def report(self) -> ValReport:
         """The validation report of a training job (``val/report.json``, written when the
@@ -984,12 +989,12 @@ class Job:
             NotFound: the job has no report (not finished yet, not a training job, or a run
                 without validation).
         """
-        r = self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/val/report.json")
+        r = self._wire.request("GET", f"/v1/jobs/{self.id}/artifacts/val/report.json")
         return ValReport.model_validate(r.json())
 
     def artifacts(self) -> list[ArtifactInfo]:
         """Files of the run directory (path, kind, size_bytes; sha256 once finished)."""
-        page = self._client._json("GET", f"/v1/jobs/{self.id}/artifacts")
+        page = self._wire.json("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactInfo.model_validate(a) for a in page["data"]]
 
     def boxes(self) -> list[Box]:
@@ -1002,7 +1007,7 @@ class Job:
         if not (self.info.result or {}).get("predict"):
             self.refresh()
         names = ((self.info.result or {}).get("predict") or {}).get("names") or {}
-        r = self._client._request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
+        r = self._wire.request("GET", f"/v1/jobs/{self.id}/artifacts/predictions.json")
         return boxes_from(r.json(), names)
 
     def download(self, path: str = "weights/best.pt", dest: str | os.PathLike[str] | None = None,
@@ -1028,73 +1033,9 @@ class Job:
             ChecksumError: the sha256 still differs after a fresh download.
             ServiceUnavailable: the service stopped answering (the part is kept to resume).
         """
-        c = self._client
-        target = c._dest(path, dest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        known = {a.path: a for a in self.artifacts()}.get(path)
-        if known and known.sha256 and target.is_file() \
-                and target.stat().st_size == known.size_bytes and _sha256(target) == known.sha256:
-            return target
-        part = target.with_name(target.name + ".part")
-        report = _progress_fn(progress, f"download {path}")
-        fresh_tries, attempt = 0, 0
-        while True:
-            try:
-                expected = self._fetch(path, part, known, report)
-            except (httpx.TransportError, ServiceUnavailable) as exc:
-                if attempt >= c.retries:
-                    raise no_answer(exc, None) from exc
-                time.sleep(c._delay(attempt))
-                attempt += 1
-                continue
-            if expected is None or _sha256(part) == expected:
-                os.replace(part, target)
-                return target
-            part.unlink(missing_ok=True)
-            if fresh_tries >= 1:
-                raise ChecksumError(f"{path} of job {self.id}: sha256 differs from {expected} "
-                                    "after a fresh download")
-            fresh_tries += 1
-
-    def _fetch(self, path: str, part: Path, known: ArtifactInfo | None,
-               report: ProgressFn | None) -> str | None:
-        """Fill ``part`` from its current size. Returns the expected sha256 (or None)."""
-        offset = part.stat().st_size if part.exists() else 0
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
-        url = f"/v1/jobs/{self.id}/artifacts/{path}"
-        with self._client._http.stream("GET", url, headers=headers,
-                                       timeout=httpx.Timeout(30.0, connect=10.0)) as r:
-            if r.status_code == 416:  # the part is already complete (or longer than the file)
-                r.read()
-                if known is not None and offset == known.size_bytes:
-                    return known.sha256
-                part.unlink(missing_ok=True)
-                return self._fetch(path, part, known, report)
-            if r.status_code in RETRY_STATUSES:
-                r.read()
-                raise error_from_response(r)
-            if r.status_code >= 400:
-                r.read()
-                raise error_from_response(r)
-            expected = r.headers.get("x-content-sha256") or (known.sha256 if known else None)
-            if r.status_code == 206:
-                start = r.headers.get("content-range", "").removeprefix("bytes ").split("-")[0]
-                if start != str(offset):
-                    raise APIError(206, f"unexpected Content-Range {r.headers.get('content-range')}")
-                mode, done = "ab", offset
-                total = int(r.headers["content-range"].rsplit("/", 1)[-1] or 0) or None
-            else:
-                mode, done = "wb", 0
-                total = int(r.headers["content-length"]) if "content-length" in r.headers else None
-            with open(part, mode) as f:
-                for chunk in r.iter_bytes():
-                    f.write(chunk)
-                    done += len(chunk)
-                    if report:
-                        report(done, total)
-            if total is not None and done < total:
-                raise httpx.RemoteProtocolError(f"connection closed at {done}/{total} bytes")
-        return expected
+        return Path(self._wire.run(Steps(_transfer.download_artifact(
+            self, path, dest, retries=self._wire.retries, delay=self._wire.delay,
+            report=_transfer.progress_fn(progress, f"download {path}")))))
 
 
 #: seconds ``wait(timeout=...)`` polls a job whose stream has ended but whose row does not
@@ -1110,9 +1051,9 @@ def _final_deadline(timeout: float | None) -> float | None:
 def _final(info: JobInfo, raise_on_failure: bool) -> JobInfo:
     """A finished job's ``info``; with ``raise_on_failure``, :class:`JobFailed` or
     :class:`JobCancelled` instead when it did not succeed (``wait`` of both clients)."""
-    if raise_on_failure and info.status == "failed":
+    if raise_on_failure and info.status == JobStatus.FAILED:
         raise JobFailed(info)
-    if raise_on_failure and info.status == "cancelled":
+    if raise_on_failure and info.status == JobStatus.CANCELLED:
         raise JobCancelled(info)
     return info
 

@@ -3,8 +3,10 @@ r"""Following a job's events, written once for both clients (no I/O here).
 :class:`Follower` decides everything: which request comes next, how long to wait, which
 events the caller gets. It hands out *operations* (:meth:`Follower.next_op`) and takes
 their answers (:meth:`Follower.answer`) or errors (:meth:`Follower.fail`); ``Client`` and
-``AsyncClient`` each have a small driver that performs them with httpx, blocking or
-awaiting (the model: httpx's one request flow behind ``Client`` and ``AsyncClient``).
+``AsyncClient`` each have one driver that performs them with httpx, blocking or awaiting
+(the model: httpx's one request flow behind ``Client`` and ``AsyncClient``); the
+operations and the stepping are :mod:`libreyolo_client._steps`, shared with the log and
+file transfers of :mod:`libreyolo_client._transfer`.
 Inside, the rules are one generator, :func:`follow_events`, written as plain blocking code
 whose I/O points are ``yield``\s.
 
@@ -26,14 +28,24 @@ The rules, as ``Job.events`` documents them:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
 from libreyolo_client._errors import ServiceUnavailable, WaitTimeout, no_answer
 from libreyolo_client._models import Event, JobInfo
+from libreyolo_client._steps import (
+    CloseStream,
+    Deliver,
+    GetPage,
+    NextSSE,
+    OpenStream,
+    Procedure,
+    Sleep,
+    Steps,
+)
 
 __all__ = ["FOLLOW_GIVE_UP_S", "SSE_FAILURES_BEFORE_POLLING", "CloseStream", "Deliver", "Follow",
            "Follower", "GetPage", "NextSSE", "OpenStream", "Sleep", "check_deadline",
@@ -51,52 +63,8 @@ PAGE_LIMIT = 1000
 POLL_S = 1.0
 
 
-@dataclass(frozen=True)
-class Deliver:
-    """Hand ``event`` to the caller. Answer: nothing."""
-
-    event: Event
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """Wait ``seconds``. Answer: nothing."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class GetPage:
-    """``GET path?params`` through the client's retrying request. Answer: the JSON body."""
-
-    path: str
-    params: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OpenStream:
-    """Open ``GET path`` as a stream; an error status raises its :class:`APIError` (read
-    the body first). Answer: the response's ``content-type`` (``""`` when none)."""
-
-    path: str
-    headers: dict[str, str]
-    timeout: httpx.Timeout = field(compare=False)
-
-
-@dataclass(frozen=True)
-class NextSSE:
-    """The open stream's next event. Answer: an :class:`~libreyolo_client._sse.SSEvent`, or None at its end."""
-
-
-@dataclass(frozen=True)
-class CloseStream:
-    """Close the open stream, if any. Answer: nothing. A driver also closes it before it
-    throws an error in, and when following stops."""
-
-
-Op = Deliver | Sleep | GetPage | OpenStream | NextSSE | CloseStream
 #: What :func:`follow_events` returns: yields operations, receives their answers.
-Follow = Generator[Op, Any, None]
+Follow = Procedure
 
 
 class _Job(Protocol):
@@ -104,41 +72,14 @@ class _Job(Protocol):
     info: JobInfo
 
 
-class Follower:
-    """Steps :func:`follow_events` for a driver; arguments as :func:`follow_events`.
-
-    A driver loops: ``op = follower.next_op()`` (None: following is over), performs
-    ``op``, then reports its result with :meth:`answer` or its error with :meth:`fail`.
-    ``next_op`` raises what following ends with (:class:`WaitTimeout`,
-    :class:`ServiceUnavailable`, another :class:`APIError` a driver reported). Close it
-    (``contextlib.closing``) when the caller stops early.
-    """
+class Follower(Steps):
+    """Steps :func:`follow_events` for a driver (see :class:`~libreyolo_client._steps.Steps`);
+    arguments as :func:`follow_events`."""
 
     def __init__(self, job: _Job, after: int = 0, *, follow: bool = True,
                  timeout: float | None = None, delay: Callable[[int], float]):
-        self._ops = follow_events(job, after, follow=follow, timeout=timeout, delay=delay)
-        self._answer: Any = None
-        self._error: Exception | None = None
-
-    def next_op(self) -> Op | None:
-        """The next operation, or None when every event was delivered."""
-        answer, error, self._answer, self._error = self._answer, self._error, None, None
-        try:
-            return self._ops.send(answer) if error is None else self._ops.throw(error)
-        except StopIteration:
-            return None
-
-    def answer(self, value: Any) -> None:
-        """The result of the operation just performed (see each operation's *Answer*)."""
-        self._answer = value
-
-    def fail(self, exc: Exception) -> None:
-        """The operation just performed raised ``exc`` (the stream is already closed)."""
-        self._error = exc
-
-    def close(self) -> None:
-        """Stop following (the caller stopped iterating)."""
-        self._ops.close()
+        super().__init__(follow_events(job, after, follow=follow, timeout=timeout,
+                                       delay=delay))
 
 
 def follow_events(job: _Job, after: int = 0, *, follow: bool = True,
@@ -161,44 +102,64 @@ def follow_events(job: _Job, after: int = 0, *, follow: bool = True,
         yield from _poll(job, after, follow=False, deadline=None)
         return
     deadline = None if timeout is None else time.monotonic() + timeout
-    last, failures, since_ok = after, 0, time.monotonic()
+    seen = _Seen(last=after)
     while True:
-        if failures >= SSE_FAILURES_BEFORE_POLLING:
-            yield from _poll(job, last, follow=True, deadline=deadline)
+        if seen.failures >= SSE_FAILURES_BEFORE_POLLING:
+            yield from _poll(job, seen.last, follow=True, deadline=deadline)
             return
         try:
-            got = False
-            content_type = yield OpenStream(
-                f"/v1/jobs/{job.id}/events/stream",
-                {"Accept": "text/event-stream", "Last-Event-ID": str(last)},
-                httpx.Timeout(10.0, read=_read_s(deadline)))
-            if not content_type.startswith("text/event-stream"):
-                raise ServiceUnavailable(0, "the event stream is not text/event-stream "
-                                         "(a proxy in the way?)")
-            while (sse := (yield NextSSE())) is not None:
-                if sse.event == "end":
-                    return
-                if sse.event in EVENT_TYPES and sse.data:
-                    ev = Event.model_validate_json(sse.data)
-                    got, failures, since_ok = True, 0, time.monotonic()
-                    if ev.seq > last:
-                        last = ev.seq
-                        yield Deliver(ev)
-                check_deadline(deadline, job)
+            got = yield from _stream(job, seen, deadline)
+            if got is None:  # `end`
+                return
             # the stream ended without `end` (the API restarted): reconnect
             yield CloseStream()
             if not got:
-                failures += 1
-                yield Sleep(delay(failures - 1))
+                seen.failures += 1
+                yield Sleep(delay(seen.failures - 1))
         except (httpx.TransportError, ServiceUnavailable) as exc:
             yield CloseStream()
             if isinstance(exc, httpx.ReadTimeout):  # nothing said before the deadline
                 check_deadline(deadline, job)
-            failures += 1
-            if time.monotonic() - since_ok > FOLLOW_GIVE_UP_S:
+            seen.failures += 1
+            if time.monotonic() - seen.since_ok > FOLLOW_GIVE_UP_S:
                 raise no_answer(exc, None) from exc
-            yield Sleep(delay(failures - 1))
+            yield Sleep(delay(seen.failures - 1))
         check_deadline(deadline, job)
+
+
+@dataclass
+class _Seen:
+    """Where following stands: the last ``seq`` delivered, stream failures in a row, and
+    when the service last sent an event (``time.monotonic()``)."""
+
+    last: int
+    failures: int = 0
+    since_ok: float = field(default_factory=time.monotonic)
+
+
+def _stream(job: _Job, seen: _Seen, deadline: float | None) -> Procedure:
+    """One connection to the event stream, from ``seen.last``: delivers its new events
+    (each event received resets ``seen.failures``). Returns whether it received any, or
+    None when it said ``end``."""
+    got = False
+    content_type = yield OpenStream(
+        f"/v1/jobs/{job.id}/events/stream",
+        {"Accept": "text/event-stream", "Last-Event-ID": str(seen.last)},
+        httpx.Timeout(10.0, read=_read_s(deadline)))
+    if not content_type.startswith("text/event-stream"):
+        raise ServiceUnavailable(0, "the event stream is not text/event-stream "
+                                 "(a proxy in the way?)")
+    while (sse := (yield NextSSE())) is not None:
+        if sse.event == "end":
+            return None
+        if sse.event in EVENT_TYPES and sse.data:
+            ev = Event.model_validate_json(sse.data)
+            got, seen.failures, seen.since_ok = True, 0, time.monotonic()
+            if ev.seq > seen.last:
+                seen.last = ev.seq
+                yield Deliver(ev)
+        check_deadline(deadline, job)
+    return got
 
 
 def _read_s(deadline: float | None) -> float:

@@ -4,17 +4,41 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "Model", "NodeWorker",
+__all__ = ["ArtifactInfo", "Box", "DatasetInfo", "Event", "JobInfo", "JobStatus", "Model",
+           "NodeWorker",
            "OnnxExport", "Preflight", "boxes_from", "exported", "published",
            "PreflightActual", "ReportImage", "ReportRow", "TuneReport", "TuneRow", "ValReport",
            "TERMINAL_STATUSES", "boxes_from"]
 
+
+
+class JobStatus(StrEnum):
+    """A job's ``status``. Its members are strings, so ``job.status == "queued"`` and
+    ``job.status == JobStatus.QUEUED`` are both true of a queued job."""
+
+    #: waiting for a worker (``JobInfo.waiting`` says why it cannot start yet)
+    QUEUED = "queued"
+    #: a worker runs it
+    RUNNING = "running"
+    #: cancel requested; the worker is stopping the engine
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def done(self) -> bool:
+        """True for the statuses a job never leaves (succeeded, failed, cancelled)."""
+        return self in TERMINAL_STATUSES
+
+
 #: statuses a job never leaves.
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
 class _Model(BaseModel):
@@ -69,7 +93,8 @@ class JobInfo(_Model):
     node_workers: list[NodeWorker] | None = None
     priority: int = 0
     queue: str = ""
-    status: str
+    #: a :class:`JobStatus` (a status this SDK does not know is kept as a string)
+    status: Annotated[JobStatus | str, Field(union_mode="left_to_right")]
     attempt: int = 0
     max_attempts: int = 1
     #: how the last attempt ended: "infrastructure" (re-queued, no attempt used), "job"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from libreyolo_client._models import Event
@@ -177,47 +178,42 @@ class EventPrinter:
         self.stream.flush()
 
     def __call__(self, ev: Event) -> None:
+        """Print the line(s) of ``ev``, if it has any (see the class docstring)."""
+        if ev.kind != "status" and ev.name == "progress":
+            self._progress(ev.data)
+            return
+        for text in self._lines(ev):
+            self._line(text)
+
+    def _lines(self, ev: Event) -> list[str]:
+        """The whole lines ``ev`` prints (``progress``: see :meth:`_progress`)."""
         d, name = ev.data, ev.name
         if ev.kind == "status":
             if name == "status":
-                self._line(f"status: {status_text(d)}")
-            elif name == "run_end":
-                self._line(f"engine finished: {d.get('status')}")
-        elif name == "epoch_end":
-            losses = d.get("losses") or {}
-            loss = "  ".join(f"{k} {v:.3f}" for k, v in losses.items()
-                             if isinstance(v, int | float))
-            self._line(f"epoch {d.get('epoch')}/{d.get('epochs')}  {loss}  "
-                       f"{format_metrics(d.get('metrics'))}".rstrip())
-        elif name == "progress":
-            now = time.monotonic()
-            if now - self._last_live < (0.2 if self.tty else 15.0):
-                return
-            self._last_live = now
-            text = progress_text(d)
-            if not self.tty:
-                self._line(text)
-                return
-            self.stream.write(f"\r\033[K[{self.label}] {text}")
-            self.stream.flush()
-            self._live = True
-        elif name == "profile":
-            self._line(f"profile verdict: {verdict_text(d)}")
-        elif name == "preflight":
-            self._line(f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
-                       f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s")
-        elif name == "tune_candidate":
-            sig = significance_word(d.get("significant"))
-            self._line(f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, {sig}"
-                       + (", recommendable" if d.get("recommendable") else ""))
-        elif name == "tune":
-            self._line(f"tune: {d.get('answer')}")
-        elif name == "gang":  # the service: a node slot of a multi-node job taken or released
-            for ln in d.get("lines") or []:
-                self._line(f"nodes: {ln}")
-        elif ev.kind == "log" and self.logs:
-            for ln in d.get("lines") or []:
-                self._line(ln)
+                return [f"status: {status_text(d)}"]
+            return [f"engine finished: {d.get('status')}"] if name == "run_end" else []
+        if name in _ONE_LINE:
+            return [_ONE_LINE[name](d)]
+        if name == "gang":  # the service: a node slot of a multi-node job taken or released
+            return [f"nodes: {ln}" for ln in d.get("lines") or []]
+        if ev.kind == "log" and self.logs:
+            return list(d.get("lines") or [])
+        return []
+
+    def _progress(self, d: dict[str, Any]) -> None:
+        """The live step line: rewritten in place on a terminal (at most 5 times a
+        second), else a whole line every 15 s."""
+        now = time.monotonic()
+        if now - self._last_live < (0.2 if self.tty else 15.0):
+            return
+        self._last_live = now
+        text = progress_text(d)
+        if not self.tty:
+            self._line(text)
+            return
+        self.stream.write(f"\r\033[K[{self.label}] {text}")
+        self.stream.flush()
+        self._live = True
 
     def close(self) -> None:
         """End a live line, if one is showing."""
@@ -225,3 +221,27 @@ class EventPrinter:
             self.stream.write("\n")
             self.stream.flush()
             self._live = False
+
+
+def _epoch_line(d: dict[str, Any]) -> str:
+    losses = d.get("losses") or {}
+    loss = "  ".join(f"{k} {v:.3f}" for k, v in losses.items() if isinstance(v, int | float))
+    return f"epoch {d.get('epoch')}/{d.get('epochs')}  {loss}  " \
+        f"{format_metrics(d.get('metrics'))}".rstrip()
+
+
+def _tune_candidate_line(d: dict[str, Any]) -> str:
+    sig = significance_word(d.get("significant"))
+    return (f"tune: {d.get('label')}: {d.get('img_per_s') or 0:.1f} img/s, {sig}"
+            + (", recommendable" if d.get("recommendable") else ""))
+
+
+#: event name -> the one line :class:`EventPrinter` prints for it
+_ONE_LINE: dict[str, Callable[[dict[str, Any]], str]] = {
+    "epoch_end": _epoch_line,
+    "profile": lambda d: f"profile verdict: {verdict_text(d)}",
+    "preflight": lambda d: (f"preflight: {d.get('img_per_s', 0):.1f} img/s, epoch "
+                            f"{d.get('epoch_s', 0):.1f} s, ETA {d.get('total_s', 0):.0f} s"),
+    "tune_candidate": _tune_candidate_line,
+    "tune": lambda d: f"tune: {d.get('answer')}",
+}

@@ -28,10 +28,11 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libreyolo_client import Client, JobError, LibreYOLOError
+from libreyolo_client import Client, Job, JobError, LibreYOLOError
 from libreyolo_client._progress import format_metrics, verdict_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,8 +102,8 @@ def _start_service(home: Path, port: int, gpus: int, log_path: Path,
         env["OMP_NUM_THREADS"] = str(threads)
     argv = [sys.executable, "-m", "service.cli", "up", "--port", str(port)]
     argv += ["--gpus", ",".join(str(i) for i in range(gpus))] if gpus else ["--cpu"]
-    log = open(log_path, "ab")
-    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "ab") as log:  # the service keeps its own descriptor of it
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _stop_service(up: subprocess.Popen) -> None:
@@ -122,13 +123,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _page_note(client: Client, url: str) -> str:
     try:
-        code = client._http.get(url, timeout=5).status_code
+        code = client.wire.http.get(url, timeout=5).status_code
     except Exception as exc:  # the service may be going away
         return f"({type(exc).__name__})"
     return "" if code == 200 else f"(answers {code}: the web pages are not served yet)"
 
 
-def _follow(job, what: str) -> bool:
+def _follow(job: Job, what: str) -> bool:
     """Follow a job live; False (and the reason printed) when it did not succeed."""
     _say(f"== following {what} {job.id}  (page: {job.page_url})")
     try:
@@ -140,12 +141,13 @@ def _follow(job, what: str) -> bool:
     return True
 
 
-def _wall(job) -> str:
+def _wall(job: Job) -> str:
     d = job.info.duration_s
     return f"{d:.0f} s" if d is not None else "?"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The demo's command line (``python -m libreyolo_client.demo --help``)."""
     parser = argparse.ArgumentParser(prog="python -m libreyolo_client.demo",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,129 +172,207 @@ def main(argv: list[str] | None = None) -> int:
                         "thread (measured 40x slower epochs on a busy 2-core box)")
     parser.add_argument("--no-wait", action="store_true",
                         help="stop the service at the end instead of keeping it up")
-    args = parser.parse_args(argv)
+    return parser
 
+
+@dataclass
+class _Setup:
+    """What the demo started with: its arguments, the service's folder, port, GPUs and
+    log, and the monotonic time it began."""
+
+    args: argparse.Namespace
+    home: Path
+    port: int
+    gpus: int
+    t0: float
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "service.log"
+
+    @property
+    def creds(self) -> Path:
+        return self.home / "credentials"
+
+
+def _connect(up: subprocess.Popen, setup: _Setup) -> Client | None:
+    """The client of the service ``up`` once it wrote its credentials and answers; None
+    (its log printed) when it did not start within 120 s."""
+    deadline = time.monotonic() + 120
+    while not setup.creds.exists():
+        if up.poll() is not None or time.monotonic() > deadline:
+            _say(setup.log_path.read_text(errors="replace")[-3000:])
+            _say("!! the service did not start (log above)")
+            return None
+        time.sleep(0.2)
+    client = Client(credentials_path=setup.creds, timeout=60)
+    client.wait_ready(timeout=120)
+    _say(f"   API {client.url}  (docs: {client.url}/docs), token saved in {setup.creds}")
+    return client
+
+
+def _dataset(setup: _Setup) -> Path:
+    """The dataset yaml: ``--data``, or the easy synthetic set generated now."""
+    if setup.args.data:
+        data = Path(setup.args.data).resolve()
+        _say(f"== dataset: {data}")
+        return data
+    data = _sample_dataset(setup.home / "sample")
+    _say(f"== easy SYNTHETIC dataset: 2 classes (circle, square), large shapes, "
+         f"{EASY_SET['n_train']} train / {EASY_SET['n_val']} val images: {data}")
+    return data
+
+
+def _train_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The pre-training job's training keys."""
+    return {"epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+            "workers": 0, "warmup_epochs": 1, "no_aug_epochs": 2, "mosaic": 0.0,
+            "eval_interval": 5, "lr0": 0.01}
+
+
+def _submit_profile(client: Client, setup: _Setup, data: Path) -> Job | None:
+    """The short profile job (None with ``--no-profile``, or when it was refused)."""
+    args = setup.args
+    if args.no_profile:
+        return None
+    try:
+        # A short window (2 warm-up + 6 measured steps, fewer when one epoch of the
+        # synthetic set is shorter: the window stays inside it); the run stops after it.
+        # epochs=2 and a time budget bound it whatever the engine does.
+        warm, steps = profile_window(args.batch, None if args.data else EASY_SET["n_train"])
+        profile = client.profile(model=args.model, data=data, gpus=setup.gpus and 1,
+                                 time_budget_s=args.profile_budget_s, epochs=2,
+                                 profile_warmup=warm, profile_steps=steps, priority=0,
+                                 imgsz=args.imgsz, batch=args.batch, workers=0)
+    except LibreYOLOError as exc:
+        _say(f"!! the profile job was refused: {exc}")
+        return None
+    _say(f"== profile job {profile.id} queued (it runs after the train job)")
+    return profile
+
+
+def _fine_tune(client: Client, setup: _Setup, train: Job, data: Path,
+               params: dict[str, Any]) -> Job | None:
+    """Publish the pre-trained ``best.pt`` and fine-tune from it (``--ft-epochs``; 0:
+    ``train`` itself is the final job). None when the fine-tune job failed."""
+    args = setup.args
+    if args.ft_epochs <= 0:
+        return train
+    model = train.publish(f"demo-{args.model}")
+    _say(f"== 2. published {train.id}/weights/best.pt as model {model.id} "
+         f"({model.model_name}, {model.nc} classes, {model.params / 1e6:.2f} M "
+         f"parameters, {model.bytes / 1e6:.1f} MB)")
+    ft_params = {**params, "epochs": args.ft_epochs, "lr0": 0.002,
+                 "warmup_epochs": 0, "eval_interval": args.ft_epochs}
+    final = client.train(model=model.id, data=data, gpus=setup.gpus and 1, **ft_params)
+    _say(f"== 3. fine-tune job {final.id}: from model {model.id}, {ft_params}")
+    if not _follow(final, "fine-tuning"):
+        return None
+    _say(f"   fine-tuned: {format_metrics(final.metrics)} in {_wall(final)}")
+    return final
+
+
+def _profile_outcome(profile: Job | None, out: Path) -> tuple[str | None, Path | None]:
+    """``(the profile job's verdict in words, its downloaded timeline.html)``, each None
+    when there is none (no profile job, or it did not succeed)."""
+    verdict = timeline = None
+    if profile is None:
+        return None, None
+    try:
+        profile.wait(progress=True)
+        res = profile.result or {}
+        if res.get("verdict"):
+            verdict = verdict_text(res)
+        if any(a.path == "timeline.html" for a in profile.artifacts()):
+            timeline = profile.download("timeline.html", out / profile.id / "timeline.html")
+    except JobError as exc:
+        _say(f"!! the profile job did not succeed: {getattr(exc, 'reason', exc)}")
+    return verdict, timeline
+
+
+def _results(client: Client, setup: _Setup, data: Path, jobs: tuple[Job, Job, Job | None],
+             best: Path, verdict: str | None, timeline: Path | None) -> None:
+    """Print the results: the final mAP50 and where it comes from, the verdict, the
+    downloads, the pages and the time taken."""
+    train, final, profile = jobs
+    metrics = final.metrics
+    map50 = metrics.get("mAP50", float("nan"))
+    _say("")
+    _say("== results")
+    _say(f"   mAP50:         {map50:.4f}   (mAP50-95 "
+         f"{metrics.get('mAP50-95', float('nan')):.4f})"
+         + ("   learned" if map50 >= LEARNED_MAP50 else
+            f"   below {LEARNED_MAP50}: train longer (--epochs / make demo EPOCHS=...)"))
+    _say(f"   where from:    job {final.id}'s result (GET /v1/jobs/{final.id}): the "
+         "engine's COCO evaluation (faster-coco-eval) of the EMA weights of the best "
+         f"epoch on the dataset's val split ({data}), images it never trained on")
+    _say(f"   verdict:       {verdict or 'none (no profile job, or it did not succeed)'}")
+    _say(f"   best.pt:       {best}")
+    _say(f"   timeline.html: {timeline or 'none'}")
+    for job in [train] + ([final] if final is not train else []) + \
+            ([profile] if profile is not None else []):
+        _say(f"   job page:      {job.page_url} {_page_note(client, job.page_url)}".rstrip())
+    _say(f"   models page:   {client.url}/models")
+    _say(f"== done in {time.monotonic() - setup.t0:.0f} s (after set-up; train jobs "
+         f"{_wall(train)}" + (f" + {_wall(final)}" if final is not train else "")
+         + "; the time depends on the CPU and how busy it is)")
+
+
+def _run(up: subprocess.Popen, setup: _Setup) -> int | None:
+    """The demo's steps 1-3 with the service ``up``: the exit code, or None when the
+    service is to stay up for the pages."""
+    args = setup.args
+    client = _connect(up, setup)
+    if client is None:
+        return 1
+    data = _dataset(setup)
+    params = _train_params(args)
+    train = client.train(model=args.model, data=data, gpus=setup.gpus and 1, **params)
+    _say(f"== 1. pre-train job {train.id}: {args.model} from scratch, {params}")
+    profile = _submit_profile(client, setup, data)
+    if not _follow(train, "pre-training"):
+        return 1
+    _say(f"   pre-trained: {format_metrics(train.metrics)} in {_wall(train)}")
+    final = _fine_tune(client, setup, train, data, params)
+    if final is None:
+        return 1
+    out = Path(args.out).resolve()
+    best = final.download("weights/best.pt", out / final.id / "best.pt")
+    verdict, timeline = _profile_outcome(profile, out)
+    _results(client, setup, data, (train, final, profile), best, verdict, timeline)
+    client.close()
+    if args.no_wait:
+        _say(f"== stopping the service; to open the pages again run:\n"
+             f"   LIBREYOLO_HOME={setup.home} LIBREYOLO_CREDENTIALS_PATH={setup.creds} "
+             f"{sys.executable} -m service.cli up --port {setup.port}")
+        return 0
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo (see the module docstring); the exit code."""
+    args = _parser().parse_args(argv)
     t0 = time.monotonic()
     home = Path(args.home).resolve()
     if home.exists():
         shutil.rmtree(home)
     home.mkdir(parents=True)
-    out = Path(args.out).resolve()
-    gpus = _gpu_count()
-    port = args.port or _free_port()
-    log_path = home / "service.log"
-
-    _say(f"== starting the service: libreyolo-service up --port {port} "
-         f"({'GPUs: ' + str(gpus) if gpus else 'CPU worker'}"
-         f"{f', OMP_NUM_THREADS={args.threads}' if args.threads > 0 else ''}); log: {log_path}")
+    setup = _Setup(args, home, args.port or _free_port(), _gpu_count(), t0)
+    _say(f"== starting the service: libreyolo-service up --port {setup.port} "
+         f"({'GPUs: ' + str(setup.gpus) if setup.gpus else 'CPU worker'}"
+         f"{f', OMP_NUM_THREADS={args.threads}' if args.threads > 0 else ''}); "
+         f"log: {setup.log_path}")
     stops = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     before = {sig: signal.signal(sig, _interrupt) for sig in stops}
-    up = _start_service(home, port, gpus, log_path, args.threads)
+    up = _start_service(home, setup.port, setup.gpus, setup.log_path, args.threads)
     stop = True
     try:
-        deadline = time.monotonic() + 120
-        creds = home / "credentials"
-        while not creds.exists():
-            if up.poll() is not None or time.monotonic() > deadline:
-                _say(log_path.read_text(errors="replace")[-3000:])
-                _say("!! the service did not start (log above)")
-                return 1
-            time.sleep(0.2)
-        client = Client(credentials_path=creds, timeout=60)
-        client.wait_ready(timeout=120)
-        _say(f"   API {client.url}  (docs: {client.url}/docs), token saved in {creds}")
-
-        if args.data:
-            data = Path(args.data).resolve()
-            _say(f"== dataset: {data}")
-        else:
-            data = _sample_dataset(home / "sample")
-            _say(f"== easy SYNTHETIC dataset: 2 classes (circle, square), large shapes, "
-                 f"{EASY_SET['n_train']} train / {EASY_SET['n_val']} val images: {data}")
-
-        params = {"epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-                  "workers": 0, "warmup_epochs": 1, "no_aug_epochs": 2, "mosaic": 0.0,
-                  "eval_interval": 5, "lr0": 0.01}
-        train = client.train(model=args.model, data=data, gpus=gpus and 1, **params)
-        _say(f"== 1. pre-train job {train.id}: {args.model} from scratch, {params}")
-        profile = None
-        if not args.no_profile:
-            try:
-                # A short window (2 warm-up + 6 measured steps, fewer when one epoch of the
-                # synthetic set is shorter: the window stays inside it); the run stops after it.
-                # epochs=2 and a time budget bound it whatever the engine does.
-                warm, steps = profile_window(args.batch, None if args.data else EASY_SET["n_train"])
-                profile = client.profile(model=args.model, data=data, gpus=gpus and 1,
-                                         time_budget_s=args.profile_budget_s, epochs=2,
-                                         profile_warmup=warm, profile_steps=steps, priority=0,
-                                         imgsz=args.imgsz, batch=args.batch, workers=0)
-                _say(f"== profile job {profile.id} queued (it runs after the train job)")
-            except LibreYOLOError as exc:
-                _say(f"!! the profile job was refused: {exc}")
-
-        if not _follow(train, "pre-training"):
-            return 1
-        _say(f"   pre-trained: {format_metrics(train.metrics)} in {_wall(train)}")
-
-        final = train
-        if args.ft_epochs > 0:
-            model = train.publish(f"demo-{args.model}")
-            _say(f"== 2. published {train.id}/weights/best.pt as model {model.id} "
-                 f"({model.model_name}, {model.nc} classes, {model.params / 1e6:.2f} M "
-                 f"parameters, {model.bytes / 1e6:.1f} MB)")
-            ft_params = {**params, "epochs": args.ft_epochs, "lr0": 0.002,
-                         "warmup_epochs": 0, "eval_interval": args.ft_epochs}
-            final = client.train(model=model.id, data=data, gpus=gpus and 1, **ft_params)
-            _say(f"== 3. fine-tune job {final.id}: from model {model.id}, {ft_params}")
-            if not _follow(final, "fine-tuning"):
-                return 1
-            _say(f"   fine-tuned: {format_metrics(final.metrics)} in {_wall(final)}")
-        best = final.download("weights/best.pt", out / final.id / "best.pt")
-
-        verdict = timeline = None
-        if profile is not None:
-            try:
-                profile.wait(progress=True)
-                res = profile.result or {}
-                if res.get("verdict"):
-                    verdict = verdict_text(res)
-                if any(a.path == "timeline.html" for a in profile.artifacts()):
-                    timeline = profile.download("timeline.html",
-                                                out / profile.id / "timeline.html")
-            except JobError as exc:
-                _say(f"!! the profile job did not succeed: {getattr(exc, 'reason', exc)}")
-
-        metrics = final.metrics
-        map50 = metrics.get("mAP50", float("nan"))
-        _say("")
-        _say("== results")
-        _say(f"   mAP50:         {map50:.4f}   (mAP50-95 "
-             f"{metrics.get('mAP50-95', float('nan')):.4f})"
-             + ("   learned" if map50 >= LEARNED_MAP50 else
-                f"   below {LEARNED_MAP50}: train longer (--epochs / make demo EPOCHS=...)"))
-        _say(f"   where from:    job {final.id}'s result (GET /v1/jobs/{final.id}): the "
-             "engine's COCO evaluation (faster-coco-eval) of the EMA weights of the best "
-             f"epoch on the dataset's val split ({data}), images it never trained on")
-        _say(f"   verdict:       {verdict or 'none (no profile job, or it did not succeed)'}")
-        _say(f"   best.pt:       {best}")
-        _say(f"   timeline.html: {timeline or 'none'}")
-        jobs = [train] + ([final] if final is not train else []) + \
-            ([profile] if profile is not None else [])
-        for job in jobs:
-            _say(f"   job page:      {job.page_url} {_page_note(client, job.page_url)}".rstrip())
-        _say(f"   models page:   {client.url}/models")
-        _say(f"== done in {time.monotonic() - t0:.0f} s (after set-up; train jobs "
-             f"{_wall(train)}" + (f" + {_wall(final)}" if final is not train else "")
-             + "; the time depends on the CPU and how busy it is)")
-        client.close()
-        if args.no_wait:
-            _say(f"== stopping the service; to open the pages again run:\n"
-                 f"   LIBREYOLO_HOME={home} LIBREYOLO_CREDENTIALS_PATH={creds} "
-                 f"{sys.executable} -m service.cli up --port {port}")
-            return 0
+        code = _run(up, setup)
+        if code is not None:
+            return code
         stop = False
-        _say(f"== the service stays up for the pages above: sign in with the token in {creds}."
-             "\n   Ctrl-C to stop.")
+        _say(f"== the service stays up for the pages above: sign in with the token in "
+             f"{setup.creds}.\n   Ctrl-C to stop.")
         up.wait()
         _say("!! the service stopped on its own (see its log)")
         return 0

@@ -3,8 +3,10 @@ with the fake engine of tests/service/testkit.py (or the real engine, for slow t
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,13 +54,14 @@ class Stack:
         self.srv = ServerThread(create_app(self.settings), port=self.port).start()
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory):
+@contextlib.contextmanager
+def _stack(kind: str, tmp: Path) -> Iterator[Stack]:
+    """The API on a fresh ``kind`` database (``sqlite`` or ``postgresql``), workers played
+    by :meth:`Stack.run_in_background` with the fake engine."""
     from service.app import create_app
     from service.settings import Settings
 
-    tmp = tmp_path_factory.mktemp("client")
-    with fresh_database("sqlite", tmp) as url:
+    with fresh_database(kind, tmp) as url:
         settings = Settings(home=tmp / "home", database_url=url, broker_url="memory://",
                             engine_command=fake_engine(tmp), reaper_enabled=False,
                             sse_poll_s=0.05, sse_ping_s=5, lease_s=10, heartbeat_s=0.5,
@@ -66,10 +69,25 @@ def stack(tmp_path_factory):
                             credentials_path=tmp / "unused-credentials")
         app = create_app(settings)
         st = Stack(settings, app, ServerThread(app).start())
+        try:
+            yield st
+        finally:
+            for t in st.threads:
+                t.join(30)
+            st.srv.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    with _stack("sqlite", tmp_path_factory.mktemp("client")) as st:
         yield st
-        for t in st.threads:
-            t.join(30)
-        st.srv.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_stack(tmp_path_factory):
+    """:func:`stack` on PostgreSQL (127.0.0.1:5432, a database of its own)."""
+    with _stack("postgresql", tmp_path_factory.mktemp("client-pg")) as st:
+        yield st
 
 
 @pytest.fixture

@@ -58,6 +58,20 @@ def test_all_lists_the_public_names():
     assert libreyolo_client.__all__ == sorted(libreyolo_client.__all__)
 
 
+def test_job_status_is_an_enum_that_equals_its_string():
+    import json
+
+    from libreyolo_client import JobInfo, JobStatus
+
+    info = JobInfo(id="j1", kind="train", model="yolo9-t", data="d", status="cancelled")
+    assert info.status is JobStatus.CANCELLED and info.status == "cancelled" and info.done
+    assert f"{info.status}" == "cancelled" and json.dumps(info.status) == '"cancelled"'
+    assert info.model_dump(mode="json")["status"] == "cancelled"
+    assert {s.value for s in JobStatus if s.done} == {"succeeded", "failed", "cancelled"}
+    newer = JobInfo(id="j1", kind="train", model="m", data="d", status="paused")
+    assert newer.status == "paused" and not newer.done  # a status this SDK does not know
+
+
 def test_url_and_token_from_env_and_credentials_file(tmp_path, monkeypatch):
     creds = tmp_path / "credentials"
     creds.write_text(json.dumps({"url": "http://127.0.0.1:9/", "token": "lyt_file"}))
@@ -144,9 +158,9 @@ def test_not_found(client, stack, data_yaml):
     with pytest.raises(NotFound):
         client.job("j" + "0" * 24)
     job = client.train(data=data_yaml, gpus=0, **TINY)
-    with Client(stack.url, stack.token()) as other:  # another user's job looks the same
-        with pytest.raises(NotFound):
-            other.job(job.id)
+    # another user's job looks the same
+    with Client(stack.url, stack.token()) as other, pytest.raises(NotFound):
+        other.job(job.id)
     with pytest.raises(NotFound):
         job.download("weights/nope.pt", "/tmp")
     job.cancel()
@@ -391,9 +405,9 @@ def test_download_checksum_mismatch_raises(finished_job, stack, token, tmp_path)
     from libreyolo_client import Client
 
     job, _ = finished_job
-    with Client(stack.url, token, backoff_s=0.1, transport=_CorruptingTransport()) as c:
-        with pytest.raises(ChecksumError):
-            c.job(job.id).download("weights/best.pt", tmp_path)
+    with Client(stack.url, token, backoff_s=0.1, transport=_CorruptingTransport()) as c, \
+            pytest.raises(ChecksumError):
+        c.job(job.id).download("weights/best.pt", tmp_path)
     assert not (tmp_path / "best.pt").exists() and not (tmp_path / "best.pt.part").exists()
 
 
