@@ -24,9 +24,13 @@ def test_skip_reasons_are_grouped_with_how_to_enable_them():
         "/usr/bin/chromium not installed (apt-get install chromium)",
         "/usr/bin/chromium not installed (apt-get install chromium)",
         "docker-compose not installed (apt-get install docker-compose)",
-        "coco128 not found at /nowhere", "needs a CUDA device", "something else"])
+        "coco128 not found at /nowhere", "needs a CUDA device", "something else",
+        "Slurm is not installed (no munged; apt-get install slurm-wlm munge)",
+        "the private Slurm did not start: slurmd n2 did not register",
+        "test-only reference: `make setup` installs libreyolo==1.6.0"])
     assert {g: n for g, (n, _) in groups.items()} == {
-        "browser": 2, "compose": 1, "coco128": 1, "gpu": 1, "other": 1}
+        "browser": 2, "compose": 1, "coco128": 1, "gpu": 1, "slurm": 2, "reference": 1, "other": 1}
+    assert "slurm-wlm" in groups["slurm"][1] and "make setup" in groups["reference"][1]
     assert "apt-get install chromium" in groups["browser"][1]
 
 
