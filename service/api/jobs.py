@@ -52,7 +52,7 @@ from service.lifecycle import TERMINAL, JobStatus
 from service.queue import enqueue, queue_for
 from service.workers import live_queues, unserved_warning
 
-__all__ = ["router", "job_public", "queue_outlooks"]
+__all__ = ["router", "job_public", "queue_outlooks", "send_job"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
