@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -75,6 +75,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         is no ``/redoc``: ReDoc fetches its logo from one); ``/openapi.json`` documents every error as problem+json.
     """
     settings = settings or Settings()
+    app = FastAPIOffline(title="LibreYOLO training service", version="0.1.0",
+                         description=DESCRIPTION, lifespan=_lifespan(settings),
+                         redoc_url=None, favicon_url="/web/static/favicon.svg",
+                         # no badge from the public validator: the page stays offline
+                         swagger_ui_parameters={"validatorUrl": None})
+    _document_errors(app)
+    _install_state(app, settings)
+    _install_middleware(app, settings)
+    _install_routers(app)
+    return app
+
+
+def _lifespan(settings: Settings) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the reaper (unless ``reaper_enabled`` is false) and the SSE
+    poller run while the app serves; the database engine is disposed on shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if settings.reaper_enabled:
                 tg.start_soon(functools.partial(
                     reaper_loop, app.state.sessions, settings, app.state.send,
-                    epoch=lambda: broker_epoch(celery)))
+                    epoch=lambda: broker_epoch(app.state.celery)))
             tg.start_soon(app.state.notifier.run)
             try:
                 yield
@@ -91,12 +106,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 tg.cancel_scope.cancel()
         app.state.engine.dispose()
 
-    app = FastAPIOffline(title="LibreYOLO training service", version="0.1.0",
-                         description=DESCRIPTION, lifespan=lifespan, redoc_url=None,
-                         favicon_url="/web/static/favicon.svg",
-                         # no badge from the public validator: the page stays offline
-                         swagger_ui_parameters={"validatorUrl": None})
-    _document_errors(app)
+    return lifespan
+
+
+def _install_state(app: FastAPI, settings: Settings) -> None:
+    """The app's shared parts on ``app.state``: settings, database engine and sessions,
+    Celery and its ``send``, the artifact store, the SSE notifier, the outlook and token
+    caches, the hot reads' thread limiter, the metrics registry."""
     engine = make_engine(settings.database_url)
     celery = create_celery(settings)
     app.state.settings = settings
@@ -115,6 +131,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     registry.register(ServiceCollector(app.state.sessions, settings.worker_ttl_s))
     app.state.registry = registry
 
+
+def _install_middleware(app: FastAPI, settings: Settings) -> None:
+    """Error handlers and middleware; the request guard outermost (bounds before anything
+    is spent)."""
     install_problem_handlers(app)
     install_outage_handler(app, settings.retry_after_s)
     app.add_middleware(OptionsMiddleware, root=app)
@@ -123,18 +143,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_methods=["*"], allow_headers=["*"],
                            expose_headers=["Location", "ETag", "X-Content-SHA256", "X-Log-Size"])
     app.add_middleware(RequestGuard, root=app)  # outermost: bounds before anything is spent
-    app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(events.router)
-    app.include_router(artifacts.router)
-    app.include_router(datasets.router)
-    app.include_router(models.router)
-    app.include_router(model_export.router)
-    app.include_router(admin.router)
-    app.include_router(models.publish_router)
-    app.include_router(predict.router)
+
+
+def _install_routers(app: FastAPI) -> None:
+    """The API's routers, then the pages (:mod:`service.web`)."""
+    for router in (health.router, jobs.router, events.router, artifacts.router,
+                   datasets.router, models.router, model_export.router, admin.router,
+                   models.publish_router, predict.router):
+        app.include_router(router)
     install_web(app)
-    return app
 
 
 def _document_errors(app: FastAPI) -> None:

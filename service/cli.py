@@ -9,6 +9,7 @@ client (``libreyolo_client``), mounted by name and imported when one of them run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -260,28 +261,49 @@ def up(
     url = f"http://{host}:{port}"
     token, reused = _admin_token(settings, url)
     default = save_credentials(settings.credentials_path, url, token)
+    _announce(settings, url, token, reused, default)
+    argvs = {
+        "API": [sys.executable, "-m", "service.cli", "serve", "--host", host, "--port", str(port)],
+        "worker": _worker_argv(gpus, cpu),
+    }
+    _root_note()
+    raise typer.Exit(1 if _supervise(argvs, _child_env(settings), settings) else 0)
+
+
+def _announce(settings: Settings, url: str, token: str, reused: bool, default: str | None) -> None:
+    """``up``'s first lines: the API's and the pages' URLs, the admin token, where it is saved."""
     typer.echo(f"API:    {url}  (docs: {url}/docs)")
     typer.echo(f"jobs:   {url}/jobs  (web pages; sign in with the token)")
     typer.echo(f"token:  {token}" + ("  (the one saved before)" if reused else ""))
     typer.echo(f"saved:  {settings.credentials_path}" + (
         f"  (for {url}; the default service stays {default}: pass this URL to the SDK "
         f"or set LIBREYOLO_URL={url})" if default else ""))
-    env = {**os.environ, "LIBREYOLO_HOME": str(settings.home),
-           "LIBREYOLO_DATABASE_URL": settings.database_url,
-           "LIBREYOLO_BROKER_URL": settings.broker_url,
-           "LIBREYOLO_ARTIFACT_ROOT": str(settings.artifact_root)}
-    argvs = {
-        "API": [sys.executable, "-m", "service.cli", "serve", "--host", host, "--port", str(port)],
-        "worker": _worker_argv(gpus, cpu),
-    }
+
+
+def _child_env(settings: Settings) -> dict[str, str]:
+    """The environment of ``up``'s API and worker: ours, with the settings they share."""
+    return {**os.environ, "LIBREYOLO_HOME": str(settings.home),
+            "LIBREYOLO_DATABASE_URL": settings.database_url,
+            "LIBREYOLO_BROKER_URL": settings.broker_url,
+            "LIBREYOLO_ARTIFACT_ROOT": str(settings.artifact_root)}
+
+
+def _supervise(argvs: dict[str, list[str]], env: dict[str, str], settings: Settings) -> bool:
+    """Start one child per ``argvs`` entry and restart one that exits, until SIGINT or
+    SIGTERM, or until one exited more than :data:`MAX_RESTARTS` times in
+    :data:`RESTART_WINDOW_S`; then stop them all (:func:`_shutdown`).
+
+    Returns:
+        True when it stopped for too many restarts.
+    """
+    me = os.getpid()
+
     def start(argv: list[str]) -> subprocess.Popen:
         # the API and the worker end with `up`, even after its kill -9 (no orphan keeps
         # the port or claims jobs); SIGTERM so that the worker hands its job back
         return subprocess.Popen(argv, env=env, start_new_session=True,
                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, me))
 
-    _root_note()
-    me = os.getpid()
     procs = {name: start(argv) for name, argv in argvs.items()}
     crashes: dict[str, list[float]] = {name: [] for name in argvs}
     stopping = False
@@ -299,21 +321,33 @@ def up(
             for name, p in procs.items():
                 if p.poll() is None or stopping:
                     continue
-                now = time.monotonic()
-                crashes[name] = [t for t in crashes[name] if now - t < RESTART_WINDOW_S] + [now]
-                if len(crashes[name]) > MAX_RESTARTS:
-                    typer.echo(f"the {name} process exited {len(crashes[name])} times in "
-                               f"{RESTART_WINDOW_S:.0f} s (last code {p.returncode}): stopping the service",
-                               err=True)
-                    failed = True
+                failed = _crashed(name, p, crashes[name], settings)
+                if failed:
                     break
-                typer.echo(f"the {name} process exited (code {p.returncode}); restarting it. A job it "
-                           f"was running goes back to the queue when its lease ({settings.lease_s:.0f} s) "
-                           "expires and resumes from last.pt", err=True)
                 procs[name] = start(argvs[name])
     finally:
         _shutdown(list(procs.values()), settings.grace_s + 10)
-    raise typer.Exit(1 if failed else 0)
+    return failed
+
+
+def _crashed(name: str, p: subprocess.Popen, crashes: list[float], settings: Settings) -> bool:
+    """Count the exit of ``up``'s child ``name`` in ``crashes`` (its exit times, kept to the
+    last :data:`RESTART_WINDOW_S`) and say it.
+
+    Returns:
+        True when it exited too often (stop the service), False to restart it.
+    """
+    now = time.monotonic()
+    crashes[:] = [t for t in crashes if now - t < RESTART_WINDOW_S] + [now]
+    if len(crashes) > MAX_RESTARTS:
+        typer.echo(f"the {name} process exited {len(crashes)} times in "
+                   f"{RESTART_WINDOW_S:.0f} s (last code {p.returncode}): stopping the service",
+                   err=True)
+        return True
+    typer.echo(f"the {name} process exited (code {p.returncode}); restarting it. A job it "
+               f"was running goes back to the queue when its lease ({settings.lease_s:.0f} s) "
+               "expires and resumes from last.pt", err=True)
+    return False
 
 
 def _require_free_port(host: str, port: int) -> None:
@@ -337,15 +371,11 @@ def _shutdown(procs: list[subprocess.Popen], timeout_s: float) -> None:
             p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for p in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for p in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         p.wait()
 
 

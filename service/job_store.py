@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Row, delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Artifact, Job, JobNode, User, utcnow
+from service.db.models import Artifact, Job, JobNode, User, new_id, utcnow
 from service.ends import INFRASTRUCTURE, USER, retry_note
 from service.gang import Claim, NodeAddress
 from service.lifecycle import (
@@ -38,12 +38,51 @@ from service.settings import Settings
 from service.storage import ArtifactStore
 from service.users import owns, visible_to
 
-__all__ = ["get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
+__all__ = ["create_job", "get_owned", "list_jobs", "claim", "held_by", "renew_lease", "finish", "hand_back",
            "node_lost", "requeue_infra", "set_cluster", "cluster_restarted", "request_cancel", "expired_leases", "expire",
            "DEFAULT_MAX_INFRA_RETRIES"]
 
 #: ``Settings.max_infra_retries``'s default (callers pass the setting)
 DEFAULT_MAX_INFRA_RETRIES = 10
+
+
+def create_job(*, session: Session, owner_id: str, kind: str, model: str, data: str,
+               params: dict[str, Any], gpus: int, procs: int, nodes: int, priority: int,
+               queue: str, max_attempts: int, time_budget_s: float | None,
+               options: dict[str, Any] | None = None, request_sha256: str | None = None,
+               idempotency_key: str | None = None, job_id: str | None = None,
+               reason: str | None = None) -> Job:
+    """Add a new ``queued`` job row (attempt 0, no events, created, enqueued and sent now)
+    and its first event, ``status: queued`` (with ``reason`` when given). The caller
+    commits, then sends the job to its queue.
+
+    Args:
+        model, data: as the job stores them (resolved paths or names).
+        gpus, procs, nodes: the job's devices (``procs`` equals ``gpus`` for a GPU job).
+        queue: the queue of its GPU count (:func:`service.queue.queue_for`).
+        time_budget_s: seconds of running at most (None: no budget).
+        request_sha256, idempotency_key: the submit's body hash and its
+            ``Idempotency-Key`` (unique per owner).
+        job_id: the new row's id (None: a fresh one).
+
+    Raises:
+        IntegrityError: from the flush: an ``idempotency_key`` the owner used before (the
+            caller rolls back and reads the existing job).
+    """
+    now = utcnow()
+    job = Job(id=job_id or new_id("j"), owner_id=owner_id, kind=kind, model=model, data=data, params=params,
+              options=options, gpus=gpus, procs=procs, nodes=nodes, priority=priority,
+              queue=queue, status=JobStatus.QUEUED, attempt=0, max_attempts=max_attempts,
+              time_budget_s=time_budget_s, idempotency_key=idempotency_key,
+              request_sha256=request_sha256, cancel_requested=False, event_seq=0,
+              events_offset=0, log_offset=0, created_at=now, enqueued_at=now, sent_at=now)
+    session.add(job)
+    session.flush()
+    payload: dict[str, Any] = {"event": "status", "status": JobStatus.QUEUED}
+    if reason is not None:
+        payload["reason"] = reason
+    append_events(session, job.id, [("status", time.time(), payload)])
+    return job
 
 
 def get_owned(*, session: Session, job_id: str, user: User) -> Job | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -54,32 +54,12 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender,
         Counts ``{"requeued", "failed", "cancelled", "resent", "woken"}``.
     """
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0, "woken": 0}
-    store = ArtifactStore(settings.artifact_root)
     now = utcnow()
     to_send: list[tuple[str, str, int]] = []
-    freed: set[str] = set()  # owners with one running job less
     with sessions() as session:
-        for lease in expired_leases(session=session, now=now):
-            status = expire(session=session, lease=lease, now=now, store=store,
-                            max_infra_retries=settings.max_infra_retries)
-            if status == JobStatus.QUEUED:
-                counts["requeued"] += 1
-                to_send.extend([(lease.id, lease.queue, lease.priority)] * max(1, lease.nodes))
-            elif status is not None:
-                counts[status] += 1  # failed or cancelled: the owner runs one job less
-                freed.add(lease.owner_id)
+        freed = _expire_leases(session, settings, now, counts, to_send)
         resend_after = 0.0 if broker_restarted else settings.resend_after_s
-        stale = session.execute(
-            select(Job.id, Job.queue, Job.priority, Job.nodes).where(
-                Job.status == JobStatus.QUEUED,
-                func.coalesce(Job.sent_at, Job.enqueued_at)
-                < now - timedelta(seconds=resend_after))
-        ).all()
-        for job_id, queue, priority, nodes in stale:
-            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-                            .values(sent_at=now))
-            to_send.extend([(job_id, queue, priority)] * max(1, nodes))  # one per node slot
-            counts["resent"] += 1
+        _resend_stale(session, now - timedelta(seconds=resend_after), now, counts, to_send)
         session.commit()
         for owner in sorted(freed):
             woken = wake_targets(session, owner)
@@ -93,6 +73,45 @@ def reap_once(sessions: sessionmaker[Session], settings: Settings, send: Sender,
     if any(counts.values()):
         log.info("reaper: %s", counts)
     return counts
+
+
+def _expire_leases(session: Session, settings: Settings, now: datetime, counts: dict[str, int],
+                   to_send: list[tuple[str, str, int]]) -> set[str]:
+    """Step 1 of :func:`reap_once`: recover every job whose lease expired, counting them
+    in ``counts`` and adding a re-queued job's messages (one per node slot) to ``to_send``.
+
+    Returns:
+        The owners of the jobs that failed or were cancelled (one running job less each).
+    """
+    store = ArtifactStore(settings.artifact_root)
+    freed: set[str] = set()
+    for lease in expired_leases(session=session, now=now):
+        status = expire(session=session, lease=lease, now=now, store=store,
+                        max_infra_retries=settings.max_infra_retries)
+        if status == JobStatus.QUEUED:
+            counts["requeued"] += 1
+            to_send.extend([(lease.id, lease.queue, lease.priority)] * max(1, lease.nodes))
+        elif status is not None:
+            counts[status] += 1  # failed or cancelled: the owner runs one job less
+            freed.add(lease.owner_id)
+    return freed
+
+
+def _resend_stale(session: Session, sent_before: datetime, now: datetime,
+                  counts: dict[str, int], to_send: list[tuple[str, str, int]]) -> None:
+    """Step 3 of :func:`reap_once`: every ``queued`` job whose message was sent (``sent_at``,
+    else ``enqueued_at``) before ``sent_before`` is marked sent ``now`` and its messages
+    (one per node slot) go to ``to_send``; ``counts["resent"]`` counts the jobs."""
+    stale = session.execute(
+        select(Job.id, Job.queue, Job.priority, Job.nodes).where(
+            Job.status == JobStatus.QUEUED,
+            func.coalesce(Job.sent_at, Job.enqueued_at) < sent_before)
+    ).all()
+    for job_id, queue, priority, nodes in stale:
+        session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+                        .values(sent_at=now))
+        to_send.extend([(job_id, queue, priority)] * max(1, nodes))  # one per node slot
+        counts["resent"] += 1
 
 
 async def reaper_loop(sessions: sessionmaker[Session], settings: Settings, send: Sender,

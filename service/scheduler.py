@@ -320,38 +320,66 @@ def claim(session: Session, queue: str, worker_id: str, settings: Settings, *,
     # hold the queue's only workers (without heartbeat rows, e.g. direct runs, no limit)
     live = live_queues(session, settings.worker_ttl_s).get(queue, 0)
     for _ in range(CLAIM_ROUNDS):
-        snap = read_queue(session, queue, settings, now=now, job_id=job_id)
-        if whole and settings.slurm_fair_share == "slurm":
-            snap.caps = {}  # Slurm's fair share and QoS decide: no per-user cap of ours
-        # without an address a worker may not take a node slot: multi-node jobs are no
-        # candidates (skipping them in the loop below would re-read the queue every round)
-        # (nor is a gang whose every slot is held: it waits for its owner's cap)
-        order = [w for w in claim_order(snap, settings.aging_minutes)
-                 if w.nodes == 1 or whole or (where is not None and w.gathered < w.nodes
-                                     and (live == 0 or w.nodes <= live))]
-        session.rollback()  # end the read; each try is its own transaction
+        snap, order = _candidates(session, queue, settings, now=now, job_id=job_id,
+                                  where=where, whole=whole, live=live)
         if not order:
             return None
-        tried: set[str] = set()
-        busy: list[Waiting] = []  # owners another claimer was serving
-        for job in order:
-            if job.owner_id in tried:
-                continue
-            tried.add(job.owner_id)
-            if not _lock_owner(session, job.owner_id, skip_locked=True):
-                session.rollback()
-                busy.append(job)
-                continue
-            got = _try(session, job, queue, snap, worker_id, settings, where, whole)
-            if got is not None:
-                return got
-        for job in busy[:1]:  # nothing else was free: wait for the best one
-            _lock_owner(session, job.owner_id, skip_locked=False)
-            got = _try(session, job, queue, snap, worker_id, settings, where, whole)
-            if got is not None:
-                return got
+        got = _claim_first(session, order, queue, snap, worker_id, settings, where, whole)
+        if got is not None:
+            return got
     log.warning("claim in queue %s: %d rounds lost to other workers; giving up (the next "
                 "wake-up or the reaper's re-send tries again)", queue, CLAIM_ROUNDS)
+    return None
+
+
+def _candidates(session: Session, queue: str, settings: Settings, *, now: datetime | None,
+                job_id: str | None, where: NodeAddress | None, whole: bool,
+                live: int) -> tuple[QueueSnapshot, list[Waiting]]:
+    """One read of :func:`claim`: the queue's snapshot and the jobs this claimer may take,
+    in :func:`claim_order` (the read's transaction is ended).
+
+    ``live``: the queue's live workers (0: unknown, no limit on a gang's size)."""
+    snap = read_queue(session, queue, settings, now=now, job_id=job_id)
+    if whole and settings.slurm_fair_share == "slurm":
+        snap.caps = {}  # Slurm's fair share and QoS decide: no per-user cap of ours
+    # without an address a worker may not take a node slot: multi-node jobs are no
+    # candidates (skipping them in the loop below would re-read the queue every round)
+    # (nor is a gang whose every slot is held: it waits for its owner's cap)
+    order = [w for w in claim_order(snap, settings.aging_minutes)
+             if w.nodes == 1 or whole or (where is not None and w.gathered < w.nodes
+                                 and (live == 0 or w.nodes <= live))]
+    session.rollback()  # end the read; each try is its own transaction
+    return snap, order
+
+
+def _claim_first(session: Session, order: list[Waiting], queue: str, snap: QueueSnapshot,
+                 worker_id: str, settings: Settings, where: NodeAddress | None,
+                 whole: bool) -> Claim | None:
+    """One round of :func:`claim`: try the candidates of ``order``, at most one per owner,
+    passing over an owner another claimer is serving (its row locked); when none was
+    free, wait for the best of those passed over.
+
+    Returns:
+        The claim, or None when this round won nothing.
+    """
+    tried: set[str] = set()
+    busy: list[Waiting] = []  # owners another claimer was serving
+    for job in order:
+        if job.owner_id in tried:
+            continue
+        tried.add(job.owner_id)
+        if not _lock_owner(session, job.owner_id, skip_locked=True):
+            session.rollback()
+            busy.append(job)
+            continue
+        got = _try(session, job, queue, snap, worker_id, settings, where, whole)
+        if got is not None:
+            return got
+    for job in busy[:1]:  # nothing else was free: wait for the best one
+        _lock_owner(session, job.owner_id, skip_locked=False)
+        got = _try(session, job, queue, snap, worker_id, settings, where, whole)
+        if got is not None:
+            return got
     return None
 
 

@@ -213,38 +213,18 @@ def follow(engine: EngineProcess, claim: Claim, *, settings: Settings,
     """
     next_beat = time.monotonic()
     over_at: float | None = None
-    beat: tuple[str, bool] | None
     outage = Outage(claim.job_id, settings.lease_s)  # the database may be away a while
     while True:
         rc = engine.poll()
         now = time.monotonic()
         if outage.due(now):
             try:
-                if now >= next_beat:
+                renew = now >= next_beat
+                if renew:
                     next_beat = now + settings.heartbeat_s
-                    with sessions() as s:
-                        beat = gang.renew_node(s, job_id=claim.job_id, attempt=claim.attempt,
-                                               node_rank=claim.node_rank, worker_id=worker_id,
-                                               lease_s=settings.lease_s)
-                        status = s.scalar(select(Job.status).where(Job.id == claim.job_id))
-                        s.commit()
-                else:
-                    with sessions() as s:
-                        row = s.execute(select(Job.status, Job.attempt)
-                                        .where(Job.id == claim.job_id)).first()
-                    status = row[0] if row is not None else None
-                    over = row is None or row[1] != claim.attempt or status not in (
-                        JobStatus.RUNNING, JobStatus.CANCELLING)
-                    beat = None if over or status is None else (status, False)
-                if beat is not None and beat[0] == JobStatus.CANCELLING:
-                    engine.terminate(CANCEL)
-                elif beat is None and rc is None:
-                    if status != JobStatus.SUCCEEDED:
-                        engine.terminate(ATTEMPT_OVER)
-                    elif over_at is None:
-                        over_at = now
-                    elif now - over_at > settings.grace_s:
-                        engine.terminate(ATTEMPT_OVER)
+                beat, status = _read_slot(sessions, claim, worker_id, settings, renew=renew)
+                over_at = _stop_when_over(engine, beat, status, rc, now=now, over_at=over_at,
+                                          grace_s=settings.grace_s)
                 outage.up(now)
             except Exception as exc:  # keep the engine, retry
                 if not is_outage(exc):
@@ -270,3 +250,51 @@ def follow(engine: EngineProcess, claim: Claim, *, settings: Settings,
     log.info("job %s: node %d engine exited %s (%s)", claim.job_id, claim.node_rank, rc,
              engine.stop_reason or "by itself")
     return f"node {claim.node_rank} exited {rc}"
+
+
+def _read_slot(sessions: sessionmaker[Session], claim: Claim, worker_id: str,
+               settings: Settings, *, renew: bool) -> tuple[tuple[str, bool] | None, str | None]:
+    """One look of :func:`follow` at the job: with ``renew``, renew the node slot's lease
+    (:func:`service.gang.renew_node`); else only read the job's status and attempt.
+
+    Returns:
+        ``(beat, status)``: ``beat`` is ``(status, cancel_requested)`` while the attempt
+        goes on for this node, None when it is over (the slot's lease lost, the job
+        re-queued, ended or on another attempt); ``status`` the job's (None: no such job).
+    """
+    if renew:
+        with sessions() as s:
+            beat = gang.renew_node(s, job_id=claim.job_id, attempt=claim.attempt,
+                                   node_rank=claim.node_rank, worker_id=worker_id,
+                                   lease_s=settings.lease_s)
+            status = s.scalar(select(Job.status).where(Job.id == claim.job_id))
+            s.commit()
+        return beat, status
+    with sessions() as s:
+        row = s.execute(select(Job.status, Job.attempt).where(Job.id == claim.job_id)).first()
+    status = row[0] if row is not None else None
+    over = row is None or row[1] != claim.attempt or status not in (
+        JobStatus.RUNNING, JobStatus.CANCELLING)
+    return (None if over or status is None else (status, False)), status
+
+
+def _stop_when_over(engine: EngineProcess, beat: tuple[str, bool] | None, status: str | None,
+                    rc: int | None, *, now: float, over_at: float | None,
+                    grace_s: float) -> float | None:
+    """Stop a node's engine on a cancel, or when the attempt is over for it (after a
+    success the engine gets ``grace_s`` to end by itself, counted from ``over_at``).
+
+    Returns:
+        ``over_at``: when this node first saw its succeeded attempt over (``now`` the first
+        time; None otherwise).
+    """
+    if beat is not None and beat[0] == JobStatus.CANCELLING:
+        engine.terminate(CANCEL)
+    elif beat is None and rc is None:
+        if status != JobStatus.SUCCEEDED:
+            engine.terminate(ATTEMPT_OVER)
+        elif over_at is None:
+            over_at = now
+        elif now - over_at > grace_s:
+            engine.terminate(ATTEMPT_OVER)
+    return over_at

@@ -85,10 +85,8 @@ def kill_leftovers(pgid: int | None, job_dir: Path) -> int:
 
 def signal_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pgid``; a group that is gone is no error."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_tree(pid: int) -> int:

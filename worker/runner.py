@@ -273,33 +273,14 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
          stop: threading.Event | None, on_requeue: Any) -> str:
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
     if stop is not None and stop.is_set():
-        # A message this worker took while shutting down (it can be the very job it just
-        # re-queued): starting an attempt only to kill it would burn one of max_attempts.
-        # Leave the job queued and put the message back for the next worker.
-        queued = read_job(sessions, job_id)
-        if queued is not None and queued.status == JobStatus.QUEUED and on_requeue is not None:
-            on_requeue(job_id, queued.queue, queued.priority)
-        log.info("job %s: worker shutting down; message handed back", job_id)
-        return "skipped"
+        return _message_back(job_id, sessions, on_requeue)
     low = low_disk(settings)
     if low is not None:
         return _refuse_low_disk(job_id, low, sessions=sessions, worker_id=worker_id,
                                 stop=stop, on_requeue=on_requeue, settings=settings)
-    if pick:
-        queue = getattr(read_job(sessions, job_id), "queue", None)
-        claim = _claim(sessions, settings, worker_id, queue=queue) if queue else None
-        if claim is None:
-            log.info("woken by job %s: no job of queue %s may start now", job_id, queue)
-            return "skipped"
-        if claim.job_id != job_id:
-            log.info("woken by job %s: the scheduler chose job %s", job_id, claim.job_id)
-    else:
-        claim = _claim(sessions, settings, worker_id, job_id=job_id)
-        if claim is None:
-            log.info("job %s is not queued or its owner is at their cap; skipping", job_id)
-            return "skipped"
-    job = read_job(sessions, claim.job_id)
-    if job is None:
+    claim = _claim_for(job_id, pick, sessions, settings, worker_id)
+    job = read_job(sessions, claim.job_id) if claim is not None else None
+    if claim is None or job is None:
         return "skipped"
     if not claim.started:
         wake = (job.id, job.queue, job.priority)
@@ -319,6 +300,35 @@ def _run(job_id: str, *, pick: bool, settings: Settings, sessions: sessionmaker[
     if claim.nodes > 1 and on_requeue is not None:
         _wake_gang(sessions, job.queue, on_requeue)
     return status
+
+
+def _message_back(job_id: str, sessions: sessionmaker[Session], on_requeue: Any) -> str:
+    """A message this worker took while shutting down (it can be the very job it just
+    re-queued): starting an attempt only to kill it would burn one of max_attempts. The
+    job stays queued and its message goes back for the next worker. Returns ``skipped``."""
+    queued = read_job(sessions, job_id)
+    if queued is not None and queued.status == JobStatus.QUEUED and on_requeue is not None:
+        on_requeue(job_id, queued.queue, queued.priority)
+    log.info("job %s: worker shutting down; message handed back", job_id)
+    return "skipped"
+
+
+def _claim_for(job_id: str, pick: bool, sessions: sessionmaker[Session], settings: Settings,
+               worker_id: str) -> Claim | None:
+    """The claim of a message: with ``pick``, the scheduler's best job of the queue of
+    ``job_id``; else ``job_id`` itself. None (logged) when nothing may start now."""
+    if not pick:
+        claim = _claim(sessions, settings, worker_id, job_id=job_id)
+        if claim is None:
+            log.info("job %s is not queued or its owner is at their cap; skipping", job_id)
+        return claim
+    queue = getattr(read_job(sessions, job_id), "queue", None)
+    claim = _claim(sessions, settings, worker_id, queue=queue) if queue else None
+    if claim is None:
+        log.info("woken by job %s: no job of queue %s may start now", job_id, queue)
+    elif claim.job_id != job_id:
+        log.info("woken by job %s: the scheduler chose job %s", job_id, claim.job_id)
+    return claim
 
 
 def low_disk(settings: Settings) -> str | None:
@@ -404,16 +414,7 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     run.job_dir.mkdir(parents=True, exist_ok=True)
     launcher = make_launcher(settings)
     multi = claim.nodes > 1 and not claim.whole  # a gang of our workers
-    leftovers = kill_leftovers(job.pid, run.job_dir) if job.pid and claim.node_rank == 0 else 0
-    if multi:
-        leftovers += nodes.kill_earlier(sessions, job_id, claim.attempt, run.job_dir)
-    if leftovers:  # process groups of an earlier attempt (crash or hand-back)
-        log.warning("job %s: killed %d leftover engine processes", job_id, leftovers)
-    if claim.node_rank == 0:  # rank 0 (on node 0) writes every event and checkpoint
-        # before last.pt is chosen: from here on an earlier attempt's engine, on any host,
-        # writes nothing; what it wrote before is this attempt's starting point
-        _raise_fence(run.job_dir / FENCE_FILE, run.token)
-        run.seen.fence_offset = _size(run.run_dir / "events.jsonl")
+    _clear_earlier(run, job, claim, multi)
     # any earlier attempt (a crash, or a hand-back that did not count) left last.pt
     last_pt = store.last_checkpoint(job_id)
     resume: str | bool = str(last_pt) if last_pt is not None else False
@@ -421,35 +422,101 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     refused = None if job.kind == "predict" and store.is_input(job.id, job.data) \
         else data_refusal(job.data, settings)
     if refused is not None:
-        if claim.node_rank:
-            return f"node {claim.node_rank}: {refused}"
-        run.finish(JobStatus.FAILED, result=None, error={"reason": refused, "exit_code": None},
-                   event={"reason": "data refused"})
-        return JobStatus.FAILED
-    spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
-                    gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options,
-                    cache_dir=settings.cache_root)
+        return _not_started(run, claim, refused, "data refused")
     spec_path, log_path, error_file = nodes.node_files(run.job_dir, claim.node_rank)
-    spec.write(spec_path)
-    resume_spec = last = None
-    if launcher.whole:  # the cluster may re-run the allocation: it resumes from last.pt
-        last = run.run_dir / "weights" / "last.pt"
-        resume_spec = run.job_dir / "job.resume.json"
-        job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
-                 gpus=job.gpus, job_dir=run.job_dir, resume=str(last),
-                 options=job.options).write(resume_spec)
+    resume_spec, last = _write_specs(run, job, spec_path, resume, whole=launcher.whole)
     launch: NodeLaunch | None = None
     if multi:
         try:
             launch = nodes.node_launch(sessions, claim, settings)
         except LookupError as exc:
             log.error("job %s: %s", job_id, exc)
-            if claim.node_rank:
-                return f"node {claim.node_rank}: {exc}"
-            run.finish(JobStatus.FAILED, result=None, error={"reason": str(exc), "exit_code": None},
-                       event={"reason": "launch failed"})
-            return JobStatus.FAILED
+            return _not_started(run, claim, str(exc), "launch failed")
     argv = command(spec_path, world_size(job.gpus, job.procs), settings, launch)
+    env = _engine_env(run, job, claim, gpu_ids, error_file)
+    where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
+    log.info("job %s attempt %d%s: %s", job_id, job.attempt, where, " ".join(argv))
+    request = LaunchRequest(job_id=job_id, attempt=job.attempt, job_dir=run.job_dir,
+                            spec_path=spec_path, log_path=log_path, argv=argv, env=env,
+                            nodes=job.nodes, gpus=job.gpus, procs=job.procs,
+                            priority=job.priority, resume_spec=resume_spec, last_pt=last,
+                            previous=job.cluster)
+    try:
+        engine = launcher.launch(request)
+    except OSError as exc:
+        return _not_started(run, claim, f"could not start the engine: {exc}", "launch failed")
+    if multi:
+        with sessions() as s:
+            gang.record_node_pid(s, job_id=job_id, attempt=claim.attempt,
+                                 node_rank=claim.node_rank, worker_id=worker_id, pid=engine.pid)
+            s.commit()
+    if claim.node_rank:
+        return nodes.follow(cast(EngineProcess, engine), claim, settings=settings, sessions=sessions,
+                            worker_id=worker_id, stop=stop, log_path=log_path)
+    run.record_pid(engine.pid)
+    peers = nodes.Peers(sessions, claim, worker_id, settings) if multi else None
+    return _watch(run, engine, job, stop, on_requeue, peers, launcher)
+
+
+def _clear_earlier(run: _Run, job: Job, claim: Claim, multi: bool) -> None:
+    """Before an attempt starts: kill the engine process groups an earlier attempt left
+    (a crash or a hand-back; node 0 by the row's pid, every node of a gang by its slot's),
+    and on node 0 raise the fence (:func:`_raise_fence`)."""
+    leftovers = kill_leftovers(job.pid, run.job_dir) if job.pid and claim.node_rank == 0 else 0
+    if multi:
+        leftovers += nodes.kill_earlier(run.sessions, job.id, claim.attempt, run.job_dir)
+    if leftovers:  # process groups of an earlier attempt (crash or hand-back)
+        log.warning("job %s: killed %d leftover engine processes", job.id, leftovers)
+    if claim.node_rank == 0:  # rank 0 (on node 0) writes every event and checkpoint
+        # before last.pt is chosen: from here on an earlier attempt's engine, on any host,
+        # writes nothing; what it wrote before is this attempt's starting point
+        _raise_fence(run.job_dir / FENCE_FILE, run.token)
+        run.seen.fence_offset = _size(run.run_dir / "events.jsonl")
+
+
+def _not_started(run: _Run, claim: Claim, reason: str, event_reason: str) -> str:
+    """An attempt that could not start: node 0 fails the job with ``reason`` (its
+    ``status`` event says ``event_reason``); another node only says so.
+
+    Returns:
+        ``failed``, or ``"node <r>: <reason>"`` for a node other than 0.
+    """
+    if claim.node_rank:
+        return f"node {claim.node_rank}: {reason}"
+    run.finish(JobStatus.FAILED, result=None, error={"reason": reason, "exit_code": None},
+               event={"reason": event_reason})
+    return JobStatus.FAILED
+
+
+def _write_specs(run: _Run, job: Job, spec_path: Path, resume: str | bool, *,
+                 whole: bool) -> tuple[Path | None, Path | None]:
+    """Write the engine's job spec to ``spec_path``; for a ``whole`` launcher (a cluster,
+    which may re-run the allocation) also ``job.resume.json``, resuming from ``last.pt``.
+
+    Returns:
+        ``(resume spec, last.pt)`` of a whole launcher; ``(None, None)`` otherwise.
+    """
+    settings = run.settings
+    spec = job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
+                    gpus=job.gpus, job_dir=run.job_dir, resume=resume, options=job.options,
+                    cache_dir=settings.cache_root)
+    spec.write(spec_path)
+    if not whole:
+        return None, None
+    last = run.run_dir / "weights" / "last.pt"
+    resume_spec = run.job_dir / "job.resume.json"
+    job_spec(kind=job.kind, model=job.model, data=job.data, params=job.params,
+             gpus=job.gpus, job_dir=run.job_dir, resume=str(last),
+             options=job.options).write(resume_spec)
+    return resume_spec, last
+
+
+def _engine_env(run: _Run, job: Job, claim: Claim, gpu_ids: Sequence[str] | None,
+                error_file: Path) -> dict[str, str]:
+    """The engine's environment: its devices (:func:`build_env`), node 0's fence, the
+    error file (a previous attempt's deleted), the hang watchdog, the resume hint of a
+    stopped run's log, the preflight's price, the tracker's tags and MLflow's URI."""
+    settings, job_id = run.settings, job.id
     env = build_env(gpu_ids, job.gpus)
     if claim.node_rank == 0:
         env[FENCE_TOKEN_ENV], env[FENCE_FILE_ENV] = run.token, str(run.job_dir / FENCE_FILE)
@@ -465,33 +532,7 @@ def _start(job: Job, claim: Claim, *, settings: Settings, sessions: sessionmaker
     env["LIBREYOLO_JOB_ID"], env["LIBREYOLO_USER"] = job.id, job.owner_id  # tracker tags
     if settings.mlflow_tracking_uri:  # every job logs its run (libreyolo_core/engine/trackers.py)
         env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
-    where = f" node {claim.node_rank} of {claim.nodes}" if multi else ""
-    log.info("job %s attempt %d%s: %s", job_id, job.attempt, where, " ".join(argv))
-    request = LaunchRequest(job_id=job_id, attempt=job.attempt, job_dir=run.job_dir,
-                            spec_path=spec_path, log_path=log_path, argv=argv, env=env,
-                            nodes=job.nodes, gpus=job.gpus, procs=job.procs,
-                            priority=job.priority, resume_spec=resume_spec, last_pt=last,
-                            previous=job.cluster)
-    try:
-        engine = launcher.launch(request)
-    except OSError as exc:
-        if claim.node_rank:
-            return f"node {claim.node_rank}: could not start the engine: {exc}"
-        run.finish(JobStatus.FAILED, result=None,
-                   error={"reason": f"could not start the engine: {exc}", "exit_code": None},
-                   event={"reason": "launch failed"})
-        return JobStatus.FAILED
-    if multi:
-        with sessions() as s:
-            gang.record_node_pid(s, job_id=job_id, attempt=claim.attempt,
-                                 node_rank=claim.node_rank, worker_id=worker_id, pid=engine.pid)
-            s.commit()
-    if claim.node_rank:
-        return nodes.follow(cast(EngineProcess, engine), claim, settings=settings, sessions=sessions,
-                            worker_id=worker_id, stop=stop, log_path=log_path)
-    run.record_pid(engine.pid)
-    peers = nodes.Peers(sessions, claim, worker_id, settings) if multi else None
-    return _watch(run, engine, job, stop, on_requeue, peers, launcher)
+    return env
 
 
 #: the job folder's fence file: the token of the attempt that holds the job
@@ -521,88 +562,20 @@ def _watch(run: _Run, engine: Engine, job: Job, stop: threading.Event | None,
     (:class:`worker.process.EngineProcess`) on a cancel, a worker shutdown, the time budget,
     a lost lease, or (node 0 of a multi-node job, ``peers``) a lost node. Returns the job's
     status as :func:`run_job` does."""
-    settings = run.settings
     launcher = launcher or LocalLauncher()
-    started = time.monotonic()
-    next_beat = started + settings.heartbeat_s
-    lost = False
-    outage = Outage(run.job_id, settings.lease_s)
-    while True:
-        rc = engine.poll()
-        now = time.monotonic()
-        if outage.due(now):
-            try:
-                run.cluster_news(launcher.watch(engine))  # Slurm's job id, state, reason
-                wrote = run.pump()
-                now = time.monotonic()
-                if wrote is None:
-                    lost = True
-                elif wrote or now >= next_beat or outage.down:
-                    beat = run.heartbeat()
-                    next_beat = now + settings.heartbeat_s
-                    if beat is None:
-                        lost = True
-                    elif beat[0] == JobStatus.CANCELLING:
-                        engine.terminate(CANCEL)
-                    if peers is not None and peers.check() is not None:
-                        engine.terminate(nodes.NODE_LOST)
-                elif run.status() == JobStatus.CANCELLING:
-                    engine.terminate(CANCEL)
-                outage.up(now)
-            except Exception as exc:  # the database is away: keep the engine, retry
-                if not is_outage(exc):
-                    raise
-                outage.failed(now, exc)
-        if lost:
-            log.warning("job %s: lease lost; stopping the engine", run.job_id)
-            engine.terminate(LEASE_LOST)
-        if stop is not None and stop.is_set():
-            engine.terminate(WORKER_SHUTDOWN)
-        if job.time_budget_s and now - started > job.time_budget_s:
-            engine.terminate(TIME_BUDGET)
-        engine.kill_if_overdue(now=now, grace_s=settings.grace_s, rc=rc)
-        if rc is not None:
-            break
-        time.sleep(settings.poll_interval_s)
+    outage = Outage(run.job_id, run.settings.lease_s)
+    rc, lost = _watch_loop(run, engine, job, stop, peers, launcher, outage)
     engine.kill_group()  # loader workers or ranks left behind
-    if outage.retry(run.pump) is None:
-        lost = True
-    if not lost:  # catch up: the last events may have waited for the database
-        while (wrote := outage.retry(run.pump)) is True:
-            pass
-        lost = wrote is None
-    if peers is not None and rc is not None:  # node 0's exit, as the other nodes record theirs
-        def record() -> None:
-            with run.sessions() as s:
-                gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
-                                      node_rank=0, worker_id=run.worker_id, exit_code=rc,
-                                      stop=engine.stop_reason,
-                                      detail="\n".join(run.seen.log_tail))
-                s.commit()
-
-        outage.retry(record)
+    lost = _drain_events(run, outage, lost)
+    if peers is not None:  # node 0's exit, as the other nodes record theirs
+        _record_node0_exit(run, peers, engine, rc, outage)
     action = after_exit(lost=lost, stop_reason=engine.stop_reason)
     if action == "lost":
         return "lost"
-    if peers is not None and action == "finish" and rc != 0 \
-            and engine.stop_reason in (None, nodes.NODE_LOST):
-        own = read_engine_error(run.job_dir / ENGINE_ERROR_FILE)
-        # a config, data or model error fails on every node alike: no node was lost (also
-        # when node 0's engine wrote it as the lost node's SIGTERM came: it failed by itself)
-        if own is None or own.exit_code not in (2, 3, 4):
-            wait_s = settings.lease_s + settings.heartbeat_s
-            if peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s):
-                return _node_lost(run, job, peers, on_requeue)
-    if action == "hand back":
-        if outage.retry(lambda: run.hand_back(
-                f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}")):
-            if on_requeue is not None:
-                try:
-                    for _ in range(job.nodes):  # one wake-up per node to gather
-                        on_requeue(run.job_id, job.queue, job.priority)
-                except Exception:
-                    log.exception("job %s: could not re-send (the reaper will)", run.job_id)
-            return JobStatus.QUEUED
+    if peers is not None and action == "finish" and _node_was_lost(run, peers, engine, rc):
+        return _node_lost(run, job, peers, on_requeue)
+    if action == "hand back" and _handed_back(run, job, outage, on_requeue):
+        return JobStatus.QUEUED
     outcome = exit_outcome(rc, stop_reason=engine.stop_reason, run_end=run.seen.run_end,
                            engine_error=read_engine_error(run.job_dir / ENGINE_ERROR_FILE),
                            log_tail=run.seen.log_tail, time_budget_s=job.time_budget_s)
@@ -617,6 +590,140 @@ def _watch(run: _Run, engine: Engine, job: Job, stop: threading.Event | None,
         return "lost"
     log.info("job %s: %s (exit %s)", run.job_id, outcome.status, rc)
     return outcome.status
+
+
+def _watch_loop(run: _Run, engine: Engine, job: Job, stop: threading.Event | None,
+                peers: nodes.Peers | None, launcher: Launcher,
+                outage: Outage) -> tuple[int, bool]:
+    """:func:`_watch`'s loop, until the engine exits: every ``poll_interval_s`` a check-in
+    (:func:`_check_in`, while the database answers) and the stops (a lost lease, a worker
+    shutdown, the time budget; SIGKILL after ``grace_s``).
+
+    Returns:
+        ``(exit code, lost)``: ``lost`` when the lease was lost on the way.
+    """
+    settings = run.settings
+    started = time.monotonic()
+    next_beat = started + settings.heartbeat_s
+    lost = False
+    while True:
+        rc = engine.poll()
+        now = time.monotonic()
+        if outage.due(now):
+            try:
+                now, next_beat, lost_now = _check_in(run, engine, launcher, peers, next_beat,
+                                                     beat_now=outage.down)
+                lost = lost or lost_now
+                outage.up(now)
+            except Exception as exc:  # the database is away: keep the engine, retry
+                if not is_outage(exc):
+                    raise
+                outage.failed(now, exc)
+        if lost:
+            log.warning("job %s: lease lost; stopping the engine", run.job_id)
+            engine.terminate(LEASE_LOST)
+        if stop is not None and stop.is_set():
+            engine.terminate(WORKER_SHUTDOWN)
+        if job.time_budget_s and now - started > job.time_budget_s:
+            engine.terminate(TIME_BUDGET)
+        engine.kill_if_overdue(now=now, grace_s=settings.grace_s, rc=rc)
+        if rc is not None:
+            return rc, lost
+        time.sleep(settings.poll_interval_s)
+
+
+def _check_in(run: _Run, engine: Engine, launcher: Launcher, peers: nodes.Peers | None,
+              next_beat: float, *, beat_now: bool) -> tuple[float, float, bool]:
+    """One look of :func:`_watch` at the world: the cluster's news, the new events and log
+    lines pumped into the database; when something was written, a heartbeat is due
+    (``next_beat``) or ``beat_now``, a heartbeat (a cancel stops the engine; node 0 of a
+    gang also checks its ``peers``); else a look for a cancel.
+
+    Returns:
+        ``(now, next heartbeat, lost)``: ``now`` the clock after the pump; ``lost`` when
+        the lease is lost.
+    """
+    run.cluster_news(launcher.watch(engine))  # Slurm's job id, state, reason
+    wrote = run.pump()
+    now = time.monotonic()
+    if wrote is None:
+        return now, next_beat, True
+    if wrote or now >= next_beat or beat_now:
+        beat = run.heartbeat()
+        next_beat = now + run.settings.heartbeat_s
+        if beat is not None and beat[0] == JobStatus.CANCELLING:
+            engine.terminate(CANCEL)
+        if peers is not None and peers.check() is not None:
+            engine.terminate(nodes.NODE_LOST)
+        return now, next_beat, beat is None
+    if run.status() == JobStatus.CANCELLING:
+        engine.terminate(CANCEL)
+    return now, next_beat, False
+
+
+def _drain_events(run: _Run, outage: Outage, lost: bool) -> bool:
+    """After the engine exited: pump its last events and log lines (waiting out a
+    database outage), until nothing new is written.
+
+    Returns:
+        ``lost``, or True when the lease was lost meanwhile.
+    """
+    if outage.retry(run.pump) is None:
+        lost = True
+    if not lost:  # catch up: the last events may have waited for the database
+        while (wrote := outage.retry(run.pump)) is True:
+            pass
+        lost = wrote is None
+    return lost
+
+
+def _record_node0_exit(run: _Run, peers: nodes.Peers, engine: Engine, rc: int,
+                       outage: Outage) -> None:
+    """Write node 0's exit into its slot of the gang, as the other nodes record theirs."""
+    def record() -> None:
+        with run.sessions() as s:
+            gang.record_node_exit(s, job_id=run.job_id, attempt=peers.claim.attempt,
+                                  node_rank=0, worker_id=run.worker_id, exit_code=rc,
+                                  stop=engine.stop_reason,
+                                  detail="\n".join(run.seen.log_tail))
+            s.commit()
+
+    outage.retry(record)
+
+
+def _node_was_lost(run: _Run, peers: nodes.Peers, engine: Engine, rc: int) -> bool:
+    """Whether node 0's failed engine (exit ``rc``) failed because another node of the
+    gang was lost: not for a config, data or model error (exit 2, 3 or 4 in its error
+    file: that fails on every node alike), else when ``peers`` saw a node lost or one
+    reports its loss within a lease and a heartbeat."""
+    if rc == 0 or engine.stop_reason not in (None, nodes.NODE_LOST):
+        return False
+    own = read_engine_error(run.job_dir / ENGINE_ERROR_FILE)
+    # a config, data or model error fails on every node alike: no node was lost (also
+    # when node 0's engine wrote it as the lost node's SIGTERM came: it failed by itself)
+    if own is not None and own.exit_code in (2, 3, 4):
+        return False
+    wait_s = run.settings.lease_s + run.settings.heartbeat_s
+    return peers.lost is not None or peers.wait_for_report(run.heartbeat, wait_s) is not None
+
+
+def _handed_back(run: _Run, job: Job, outage: Outage, on_requeue: Any) -> bool:
+    """Hand the job back to the queue (a worker shutdown), with one wake-up per node to
+    gather (a failed send is logged: the reaper re-sends).
+
+    Returns:
+        True when it was handed back; False when the worker no longer held it.
+    """
+    if not outage.retry(lambda: run.hand_back(
+            f"worker shut down; re-queued, {run.store.resume_note(run.job_id)}")):
+        return False
+    if on_requeue is not None:
+        try:
+            for _ in range(job.nodes):  # one wake-up per node to gather
+                on_requeue(run.job_id, job.queue, job.priority)
+        except Exception:
+            log.exception("job %s: could not re-send (the reaper will)", run.job_id)
+    return True
 
 
 def _requeue_infra(run: _Run, job: Job, outcome: Outcome, outage: Outage,

@@ -206,9 +206,9 @@ class SlurmJob:
             state = self.state
             if not self.states or self.states[-1] != state:
                 self.states.append(state)
-        elif "Invalid job id" in (done.stderr or ""):  # purged (MinJobAge): it has ended
-            if self.state in ACTIVE_STATES:
-                self.fields = {**self.fields, "JobState": "UNKNOWN_ENDED"}
+        elif "Invalid job id" in (done.stderr or "") and self.state in ACTIVE_STATES:
+            # purged (MinJobAge): it has ended
+            self.fields = {**self.fields, "JobState": "UNKNOWN_ENDED"}
         return self.fields
 
     @property

@@ -7,7 +7,6 @@ own folders: an upload's ``path`` and scan report are relative to the zip's root
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,12 +22,13 @@ from sqlalchemy import select
 from service.api.deps import CurrentUser, SessionDep, SettingsDep
 from service.api.problems import Problem, error_responses
 from service.api.schemas import DatasetPublic, DatasetRegister, DatasetsPage
+from service.api.uploads import receive_upload
 from service.db.models import Dataset, Job, new_id
 from service.lifecycle import TERMINAL
 from service.settings import Settings
 from service.storage.roots import PathRefused, ReadRule, check_dataset
 from service.storage.zipsafe import UnsafeZipError, extract_zip
-from service.users import owns
+from service.users import owns, visible_to
 
 __all__ = ["router"]
 
@@ -137,9 +137,7 @@ def register_dataset(body: DatasetRegister, user: CurrentUser, session: SessionD
 def list_datasets(user: CurrentUser, session: SessionDep, settings: SettingsDep
                   ) -> DatasetsPage:
     """Your datasets, newest first (admins see all)."""
-    stmt = select(Dataset).order_by(Dataset.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Dataset.owner_id == user.id)
+    stmt = visible_to(select(Dataset).order_by(Dataset.id.desc()), Dataset.owner_id, user)
     return DatasetsPage(data=[dataset_public(d, settings) for d in session.scalars(stmt)])
 
 
@@ -216,30 +214,49 @@ async def upload_dataset(
     root = settings.upload_root
     root.mkdir(parents=True, exist_ok=True)
     part = root / f"{ds_id}.zip.part"
-    size = 0
-    digest = hashlib.sha256()
     try:
-        async with await anyio.open_file(part, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > settings.max_upload_bytes:
-                    raise Problem(413, f"upload exceeds {settings.max_upload_bytes} bytes")
-                await f.write(chunk)
-                digest.update(chunk)
-        sha256 = digest.hexdigest()
-        same = _same_upload(session, user.id, sha256)
+        got = await receive_upload(request, part, max_bytes=settings.max_upload_bytes,
+                                   too_big=f"upload exceeds {settings.max_upload_bytes} bytes")
+        same = _same_upload(session, user.id, got.sha256)
         if same is not None:
             response.status_code = 200
             return dataset_public(same, settings)
         dest = root / ds_id
-        try:
-            await anyio.to_thread.run_sync(_extract, part, dest, settings)
-        except UnsafeZipError as exc:
-            raise Problem(422, f"body: {exc}", field="body") from None
-        except zipfile.BadZipFile:
-            raise Problem(422, "body: not a zip file", field="body") from None
+        await _extract_checked(part, dest, settings)
     finally:
         part.unlink(missing_ok=True)
+    yaml_path = _dataset_yaml(dest, settings)
+    report = _relative(await anyio.to_thread.run_sync(_scan, yaml_path, settings), dest)
+    report["zip_sha256"] = got.sha256
+    ds = Dataset(id=ds_id, owner_id=user.id, name=name, path=str(yaml_path), source="upload",
+                 status="ready" if report["ok"] else "invalid", report=report)
+    session.add(ds)
+    session.commit()
+    return dataset_public(ds, settings)
+
+
+async def _extract_checked(part: Path, dest: Path, settings: Settings) -> None:
+    """Extract the uploaded zip ``part`` into ``dest`` (in a worker thread).
+
+    Raises:
+        Problem 422 (``field: body``): an unsafe zip (the member named), or not a zip.
+    """
+    try:
+        await anyio.to_thread.run_sync(_extract, part, dest, settings)
+    except UnsafeZipError as exc:
+        raise Problem(422, f"body: {exc}", field="body") from None
+    except zipfile.BadZipFile:
+        raise Problem(422, "body: not a zip file", field="body") from None
+
+
+def _dataset_yaml(dest: Path, settings: Settings) -> Path:
+    """The dataset yaml of the extracted upload ``dest``, checked by the containment rule
+    (every path it reaches inside ``dest``).
+
+    Raises:
+        Problem 422 (``field: body``): no yaml in the zip, or one reaching a path the rule
+            refuses; ``dest`` is deleted first.
+    """
     yaml_path = _find_yaml(dest)
     if yaml_path is None:
         shutil.rmtree(dest, ignore_errors=True)
@@ -250,13 +267,7 @@ async def upload_dataset(
     except PathRefused as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise Problem(422, f"body: {exc}", field="body") from None
-    report = _relative(await anyio.to_thread.run_sync(_scan, yaml_path, settings), dest)
-    report["zip_sha256"] = sha256
-    ds = Dataset(id=ds_id, owner_id=user.id, name=name, path=str(yaml_path), source="upload",
-                 status="ready" if report["ok"] else "invalid", report=report)
-    session.add(ds)
-    session.commit()
-    return dataset_public(ds, settings)
+    return yaml_path
 
 
 def _same_upload(session: SessionDep, owner_id: str, sha256: str) -> Dataset | None:

@@ -76,26 +76,16 @@ class RequestGuard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        has_body = scope["method"] not in ("GET", "HEAD", "OPTIONS") and (
-            headers.get(b"content-length", b"0") not in (b"0", b"") or
-            b"transfer-encoding" in headers)
-        if not has_body:
+        if not self._has_body(scope):
             await self.app(scope, receive, send)
             return
         cap, setting = body_cap(scope["method"], scope["path"], settings)
         try:
-            length = int(headers.get(b"content-length", b"-1"))
+            length = int(dict(scope["headers"]).get(b"content-length", b"-1"))
         except ValueError:
             length = -1
         if scope["path"] not in UNAUTHENTICATED_BODIES:
-            try:
-                denied = await self._unauthenticated(scope, settings)
-            except Exception as exc:  # the exception handlers never see a middleware's error
-                denied = outage_response(exc, scope["method"], scope["path"],
-                                         settings.retry_after_s)
-                if denied is None:
-                    raise
+            denied = await self._denied(scope, settings)
             if denied is not None:
                 await denied(scope, receive, send)
                 return
@@ -103,6 +93,33 @@ class RequestGuard:
             await problem_response(413, BodyTooLarge(cap, setting).detail,
                                    instance=scope["path"])(scope, receive, send)
             return
+        await self._capped(scope, receive, send, cap, setting)
+
+    @staticmethod
+    def _has_body(scope: Scope) -> bool:
+        """Whether the request may have a body: not a GET, HEAD or OPTIONS, and a
+        ``Content-Length`` other than 0 or a ``Transfer-Encoding``."""
+        headers = dict(scope["headers"])
+        return scope["method"] not in ("GET", "HEAD", "OPTIONS") and (
+            headers.get(b"content-length", b"0") not in (b"0", b"") or
+            b"transfer-encoding" in headers)
+
+    async def _denied(self, scope: Scope, settings: Any) -> Any:
+        """:meth:`_unauthenticated`; a database outage meanwhile is its 503 (the exception
+        handlers never see a middleware's error), any other error is raised."""
+        try:
+            return await self._unauthenticated(scope, settings)
+        except Exception as exc:  # the exception handlers never see a middleware's error
+            denied = outage_response(exc, scope["method"], scope["path"],
+                                     settings.retry_after_s)
+            if denied is None:
+                raise
+            return denied
+
+    async def _capped(self, scope: Scope, receive: Receive, send: Send, cap: int,
+                      setting: str) -> None:
+        """Run the app with its body counted: past ``cap`` bytes (the setting ``setting``)
+        a 413, unless the answer has started already (then the error is raised)."""
         received = 0
 
         async def counted() -> Message:

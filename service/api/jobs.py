@@ -9,12 +9,11 @@ import hashlib
 import json
 import logging
 import re
-import time
 from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy import inspect, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from libreyolo_core.config import ConfigError, resolve_config
@@ -29,8 +28,9 @@ from service.api.deps import (
     owned_or_404,
     read_in_thread,
 )
-from service.api.model_refs import OTHER_MODEL_FORMS, describe_model_ref
+from service.api.model_refs import OTHER_MODEL_FORMS
 from service.api.predict import validate_predict_params
+from service.api.presenters import job_public, queue_outlooks
 from service.api.problems import Problem, error_responses
 from service.api.schemas import (
     JobCreate,
@@ -47,92 +47,15 @@ from service.api.submit_rules import (
     resolve_model,
     validate_params,
 )
-from service.db.models import Job, User, utcnow
-from service.gang import nodes_of, world_size
+from service.db.models import Job, User
 from service.lifecycle import TERMINAL, JobStatus
-from service.ops import append_events
-from service.outlook_cache import OutlookCache
 from service.queue import enqueue, queue_for
-from service.scheduler import Outlook, outlook
-from service.storage.roots import public_data, public_model, public_text
-from service.workers import live_queues, unserved_warning, waiting_reason
+from service.workers import live_queues, unserved_warning
 
-__all__ = ["router", "job_public", "queue_outlooks"]
+__all__ = ["router", "job_public", "queue_outlooks", "send_job"]
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-
-def job_public(job: Job, live: dict[str, int] | None = None, *, session: Any = None,
-               settings: Any = None, outlooks: dict[str, Outlook] | None = None) -> JobPublic:
-    """Public view of a job row; with ``live`` (:func:`service.workers.live_queues`) a
-    queued job no live worker serves gets its ``waiting`` reason; with ``session`` and
-    ``settings``, ``started_from`` (:func:`~service.api.model_refs.describe_model_ref`,
-    as the job page's "Started from" says it); with ``outlooks``
-    (:func:`service.scheduler.outlook`) a queued job's ``queue_position``,
-    ``effective_priority`` and ``estimated_start``."""
-    duration = None
-    if job.started_at and job.finished_at:
-        duration = (job.finished_at - job.started_at).total_seconds()
-    # from the row's loaded values: 5x cheaper than from_attributes (one instrumented
-    # attribute read per field); a row with an expired or deferred column reads them
-    out = JobPublic.model_validate(job if inspect(job).unloaded else job.__dict__)
-    out.duration_s = duration
-    out.world_size = world_size(job.nodes, job.gpus, job.procs)
-    if job.nodes > 1 and session is not None:
-        attempt = job.attempt + (1 if job.status == JobStatus.QUEUED else 0)
-        out.node_workers = [n.public() for n in nodes_of(session, job.id, attempt)] or \
-            ([n.public() for n in nodes_of(session, job.id, job.attempt)] if job.attempt else [])
-    out.tune = job.options if job.kind == "tune" else None
-    if settings is not None:  # never the service's own folders (dataset:<id>, job:<id>/...)
-        out.data = public_data(job.data, settings)
-        out.model = public_model(job.model, settings)
-        out.error = _public_json(out.error, settings)
-        out.result = _public_json(out.result, settings)
-    if session is not None and settings is not None:
-        out.started_from = describe_model_ref(session, settings, job.model)["short"]
-    if live is not None:
-        out.waiting = waiting_reason(job.status, job.queue, live, job.nodes)
-    cluster_waiting(out)
-    if out.waiting is None and job.status == JobStatus.QUEUED and job.waiting_note:
-        out.waiting = job.waiting_note  # a woken worker could not start it (low disk)
-    where = (outlooks or {}).get(job.id) if job.status == JobStatus.QUEUED else None
-    if where is not None:
-        out.queue_position = where.position
-        out.effective_priority = where.effective_priority
-        out.estimated_start = where.estimated_start
-    return out
-
-
-def _public_json(value: dict[str, Any] | None, settings: Any) -> dict[str, Any] | None:
-    """``value`` with :func:`~service.storage.roots.public_text` applied to its strings."""
-    if not value:
-        return value
-    text = json.dumps(value)
-    public = public_text(text, settings)
-    return value if public == text else json.loads(public)
-
-
-def cluster_waiting(out: JobPublic) -> None:
-    """A job its worker submitted to a cluster that still waits there (Slurm: PENDING) is
-    ``queued`` in the API, ``waiting`` with the cluster's reason (``Slurm: Resources``)."""
-    cluster = out.cluster or {}
-    if out.status == JobStatus.RUNNING and cluster.get("state") in ("PENDING", "REQUEUED"):
-        out.status = "queued"
-        name = str(cluster.get("launcher") or "cluster").capitalize()
-        reason = cluster.get("reason") or "waiting for resources"
-        out.waiting = f"{name}: {reason} (job {cluster.get('job_id')})"
-
-
-def queue_outlooks(session: Any, settings: Any, jobs: list[Job], live: dict[str, int],
-                   cache: OutlookCache | None = None) -> dict[str, Outlook]:
-    """:func:`service.scheduler.outlook` of the queues of the queued ones among ``jobs``
-    (through ``cache``, the app's :class:`~service.outlook_cache.OutlookCache`, when given)."""
-    queues = {j.queue for j in jobs if j.status == JobStatus.QUEUED}
-    if not queues:
-        return {}
-    return cache.outlooks(session, settings, queues, live) if cache else \
-        outlook(session, settings, queues, live)
 
 
 @router.post(
@@ -182,21 +105,57 @@ def submit_job(
     Returns:
         The job (201), status ``queued``.
     """
-    if idempotency_key is not None and not idempotency_key.strip():
-        # an empty key (`$(uuidgen)` where uuidgen is not installed) would silently give
-        # a submit without idempotency
+    _check_idempotency_key(idempotency_key)
+    gpus = resolve_gpus(body, settings.default_gpus, settings.max_nodes)
+    request_sha = _request_sha(body, gpus)
+    existing = _idempotent_job(session, user.id, idempotency_key, request_sha) \
+        if idempotency_key else None
+    if existing is not None:
+        return _replayed(existing, response, session, settings)
+    model, params, data = _resolved_inputs(body, user, session, settings, store, gpus)
+    live = live_queues(session, settings.worker_ttl_s)
+    warnings = _submit_warnings(session, settings, body, gpus, params, live)
+    job, created = _create(session, settings, user, body, model, data, params, gpus,
+                           idempotency_key, request_sha)
+    if not created:
+        return _replayed(job, response, session, settings)
+    session.commit()
+    session.refresh(job)
+    send_job(request.app.state.celery, job)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    out = job_public(job, live, session=session, settings=settings,
+                     outlooks=queue_outlooks(session, settings, [job], live,
+                                             request.app.state.outlooks))
+    out.warnings = warnings
+    return out
+
+
+def _request_sha(body: JobCreate, gpus: int) -> str:
+    """sha256 hex of the submit's body (with the resolved ``gpus``): what an
+    ``Idempotency-Key`` replay must match."""
+    return hashlib.sha256(
+        json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def _check_idempotency_key(key: str | None) -> None:
+    """Raises Problem 422 for an empty ``Idempotency-Key`` (``$(uuidgen)`` where uuidgen
+    is not installed would silently give a submit without idempotency)."""
+    if key is not None and not key.strip():
         raise Problem(422, "Idempotency-Key: the header is empty; send a fresh key per new "
                       "job (e.g. python3 -c 'import uuid; print(uuid.uuid4())'), or no "
                       "header at all", field="Idempotency-Key")
-    gpus = resolve_gpus(body, settings.default_gpus, settings.max_nodes)
-    request_sha = hashlib.sha256(
-        json.dumps(body.model_dump(mode="json") | {"gpus": gpus}, sort_keys=True).encode()
-    ).hexdigest()
-    if idempotency_key:
-        existing = _idempotent_job(session, user.id, idempotency_key, request_sha)
-        if existing is not None:
-            response.status_code = 200
-            return job_public(existing, session=session, settings=settings)
+
+
+def _resolved_inputs(body: JobCreate, user: User, session: Any, settings: Any, store: Any,
+                     gpus: int) -> tuple[str, dict[str, Any], str]:
+    """``(model, params, data)`` of a submit as the job row stores them
+    (:mod:`service.api.submit_rules`; a predict job's params: :mod:`service.api.predict`).
+
+    Raises:
+        Problem 422: an unknown model, a bad params key or value, a dataset the rules
+            refuse (``field`` names it).
+    """
     model, family = resolve_model(session, user, store, body.model)
     params = validate_predict_params(body, gpus) if body.kind == "predict" else \
         validate_params(body, gpus, family)
@@ -207,57 +166,80 @@ def submit_job(
         except ConfigError as exc:  # a predict job's unknown model (train's: validate_params)
             raise Problem(422, f"model: {exc}. {OTHER_MODEL_FORMS}", field="model",
                           value=body.model) from None
-    live = live_queues(session, settings.worker_ttl_s)
+    return model, params, data
+
+
+def _submit_warnings(session: Any, settings: Any, body: JobCreate, gpus: int,
+                     params: dict[str, Any], live: dict[str, int]) -> list[str]:
+    """The submit's ``warnings``: no live worker serves its queue, fewer live workers
+    than its nodes, a batch larger than the dataset (:func:`batch_warning`).
+
+    Raises:
+        Problem 409: no live worker serves the queue and ``refuse_unserved`` is set.
+    """
+    queue = queue_for(gpus)
     warnings = []
-    if not live.get(queue_for(gpus)):
-        warning = unserved_warning(queue_for(gpus), gpus, live)
+    if not live.get(queue):
+        warning = unserved_warning(queue, gpus, live)
         if settings.refuse_unserved:
-            raise Problem(409, warning, field="gpus", queue=queue_for(gpus))
+            raise Problem(409, warning, field="gpus", queue=queue)
         warnings.append(warning)
-    elif body.nodes > live[queue_for(gpus)]:
-        warnings.append(f"only {live[queue_for(gpus)]} live worker(s) serve queue "
-                        f"{queue_for(gpus)!r}: this {body.nodes}-node job starts when "
+    elif body.nodes > live[queue]:
+        warnings.append(f"only {live[queue]} live worker(s) serve queue "
+                        f"{queue!r}: this {body.nodes}-node job starts when "
                         f"{body.nodes} of them are free at once")
     too_big = batch_warning(session, body.data, params)
     if too_big:
         warnings.append(too_big)
-    now = utcnow()
-    options = (body.tune or TuneOptionsIn()).model_dump(mode="json") if body.kind == "tune" else None
-    job = Job(owner_id=user.id, kind=body.kind, model=model, data=data, params=params,
-              options=options,
-              gpus=gpus, procs=body.procs if gpus == 0 else gpus, nodes=body.nodes,
-              priority=body.priority,
-              queue=queue_for(gpus), status=JobStatus.QUEUED, attempt=0,
-              max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
-              idempotency_key=idempotency_key, request_sha256=request_sha,
-              cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
-              created_at=now, enqueued_at=now, sent_at=now)
-    session.add(job)
+    return warnings
+
+
+def _create(session: Any, settings: Any, user: User, body: JobCreate, model: str, data: str,
+            params: dict[str, Any], gpus: int, idempotency_key: str | None,
+            request_sha: str) -> tuple[Job, bool]:
+    """The submitted job's row and first event (:func:`service.job_store.create_job`).
+
+    Returns:
+        ``(job, True)``; ``(existing job, False)`` when a concurrent submit with the same
+        ``Idempotency-Key`` won (this one's row is rolled back).
+
+    Raises:
+        IntegrityError: the insert failed for another reason.
+    """
+    options = (body.tune or TuneOptionsIn()).model_dump(mode="json") \
+        if body.kind == "tune" else None
     try:
-        session.flush()
+        job = job_store.create_job(
+            session=session, owner_id=user.id, kind=body.kind, model=model, data=data,
+            params=params, options=options, gpus=gpus,
+            procs=body.procs if gpus == 0 else gpus, nodes=body.nodes,
+            priority=body.priority, queue=queue_for(gpus),
+            max_attempts=settings.max_attempts, time_budget_s=body.time_budget_s,
+            idempotency_key=idempotency_key, request_sha256=request_sha)
     except IntegrityError:  # a concurrent submit with the same Idempotency-Key won
         session.rollback()
         existing = _idempotent_job(session, user.id, idempotency_key or "", request_sha)
         if existing is None:
             raise
-        response.status_code = 200
-        return job_public(existing, session=session, settings=settings)
-    append_events(session, job.id, [("status", time.time(), {"event": "status",
-                                                             "status": JobStatus.QUEUED})])
-    session.commit()
-    session.refresh(job)
+        return existing, False
+    return job, True
+
+
+def _replayed(job: Job, response: Response, session: Any, settings: Any) -> JobPublic:
+    """The answer to an ``Idempotency-Key`` replay: the existing ``job``, status 200."""
+    response.status_code = 200
+    return job_public(job, session=session, settings=settings)
+
+
+def send_job(celery: Any, job: Job) -> None:
+    """Send ``run_job`` for the committed queued ``job`` to its queue, once per node slot
+    to gather; a broker that is down is logged (the reaper re-sends queued jobs later)."""
     try:
         for _ in range(job.nodes):  # one wake-up per node slot to gather
-            enqueue(request.app.state.celery, job.id, job.queue, job.priority)
+            enqueue(celery, job.id, job.queue, job.priority)
     except Exception:  # broker down: the reaper re-sends queued jobs later
         log.exception("could not send job %s to queue %s; the reaper will retry",
                       job.id, job.queue)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    out = job_public(job, live, session=session, settings=settings,
-                     outlooks=queue_outlooks(session, settings, [job], live,
-                                             request.app.state.outlooks))
-    out.warnings = warnings
-    return out
 
 
 def _idempotent_job(session: SessionDep, owner_id: str, key: str, request_sha: str) -> Job | None:
@@ -368,31 +350,21 @@ def resume_job(job: OwnedJob, session: SessionDep, settings: SettingsDep, store:
     if last is None:
         raise Problem(409, f"job {job.id} left no weights/last.pt (it stopped before its first "
                       "epoch ended): submit it again instead", status_now=job.status)
-    now = utcnow()
-    new = Job(owner_id=job.owner_id, kind=job.kind, model=job.model, data=job.data,
-              params=dict(job.params or {}), options=job.options, gpus=job.gpus, procs=job.procs,
-              nodes=job.nodes, priority=job.priority, queue=job.queue, status=JobStatus.QUEUED,
-              attempt=0, max_attempts=settings.max_attempts, time_budget_s=job.time_budget_s,
-              cancel_requested=False, event_seq=0, events_offset=0, log_offset=0,
-              created_at=now, enqueued_at=now, sent_at=now)
-    session.add(new)
-    session.flush()
+    new = job_store.create_job(
+        session=session, owner_id=job.owner_id, kind=job.kind, model=job.model, data=job.data,
+        params=dict(job.params or {}), options=job.options, gpus=job.gpus, procs=job.procs,
+        nodes=job.nodes, priority=job.priority, queue=job.queue,
+        max_attempts=settings.max_attempts, time_budget_s=job.time_budget_s,
+        reason=f"resuming job {job.id} from its last.pt")
     weights = store.run_dir(new.id) / "weights"
     weights.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(last, weights / "last.pt")  # the runner resumes from the job's last.pt
     results = store.run_dir(job.id) / "results.csv"
     if results.is_file():
         shutil.copyfile(results, store.run_dir(new.id) / "results.csv")
-    append_events(session, new.id, [("status", time.time(), {
-        "event": "status", "status": JobStatus.QUEUED,
-        "reason": f"resuming job {job.id} from its last.pt"})])
     session.commit()
     session.refresh(new)
-    try:
-        for _ in range(new.nodes):
-            enqueue(request.app.state.celery, new.id, new.queue, new.priority)
-    except Exception:  # broker down: the reaper re-sends queued jobs later
-        log.exception("could not send job %s to queue %s; the reaper will retry", new.id, new.queue)
+    send_job(request.app.state.celery, new)
     response.headers["Location"] = f"/v1/jobs/{new.id}"
     return job_public(new, session=session, settings=settings)
 

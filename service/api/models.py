@@ -14,7 +14,6 @@ on ``source`` (migration 0010p) makes two concurrent publishes one model.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -35,11 +34,13 @@ from service.api.deps import CurrentUser, OwnedJob, SessionDep, SettingsDep
 from service.api.files import RecordedDigest, current_digest, serve_file
 from service.api.model_refs import FAILED, INSPECTING, READY, model_state, model_store, visible
 from service.api.problems import Problem
+from service.api.uploads import receive_upload
 from service.db.models import Job, Model, User, new_id
 from service.lifecycle import ACTIVE, JobStatus
 from service.model_export import EXPORT_FAILED, EXPORT_READY, EXPORTING, onnx_status
 from service.settings import Settings
 from service.storage.models import WeightsRejected, inspect_in_child
+from service.users import visible_to
 
 log = logging.getLogger(__name__)
 
@@ -262,30 +263,18 @@ async def upload_model(
         413: larger than ``max_model_bytes``.
         422 (``field: body``): the reason the file cannot be used.
     """
-    store = model_store(settings)
     model_id = new_id("m")
-    part = store.incoming(model_id)
-    size = 0
-    digest = hashlib.sha256()
-    try:
-        async with await anyio.open_file(part, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > settings.max_model_bytes:
-                    raise Problem(413, f"upload exceeds {settings.max_model_bytes} bytes "
-                                  "(max_model_bytes)")
-                await f.write(chunk)
-                digest.update(chunk)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
-    if size == 0:
+    part = model_store(settings).incoming(model_id)
+    got = await receive_upload(request, part, max_bytes=settings.max_model_bytes,
+                               too_big=f"upload exceeds {settings.max_model_bytes} bytes "
+                               "(max_model_bytes)")
+    if got.size == 0:
         part.unlink(missing_ok=True)
         raise Problem(422, "body: empty upload (send the weights file as the request body)",
                       field="body")
     same = session.scalar(select(Model).where(
         Model.owner_id == user.id, Model.source == "upload",
-        Model.sha256 == digest.hexdigest()).order_by(Model.id).limit(1))
+        Model.sha256 == got.sha256).order_by(Model.id).limit(1))
     if same is not None:
         part.unlink(missing_ok=True)
         response.status_code = 200
@@ -300,9 +289,7 @@ async def upload_model(
 @router.get("", response_model=ModelsPage, operation_id="models-list")
 def list_models(user: CurrentUser, session: SessionDep, settings: SettingsDep) -> ModelsPage:
     """Your models, newest first (admins see everyone's)."""
-    stmt = select(Model).order_by(Model.id.desc())
-    if not user.is_admin:
-        stmt = stmt.where(Model.owner_id == user.id)
+    stmt = visible_to(select(Model).order_by(Model.id.desc()), Model.owner_id, user)
     return ModelsPage(data=[_public(m, settings) for m in session.scalars(stmt)])
 
 
@@ -436,13 +423,7 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
     """
     source = f"job:{job.id}"
     for _ in range(3):
-        done = session.scalar(select(Model).where(Model.source == source,
-                                                  Model.owner_id == job.owner_id))
-        if done is not None and model_state(done, settings)[0] == FAILED:
-            Path(done.path).unlink(missing_ok=True)  # a retry: the failed model goes
-            session.delete(done)
-            session.commit()
-            done = None
+        done = _published_before(session, settings, job, source)
         if done is not None:
             if done.name != body.name:
                 raise Problem(409, f"job {job.id} is published already, as model {done.id} "
@@ -456,22 +437,11 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
         best = request.app.state.store.resolve(job.id, "weights/best.pt")
         if best is None:
             raise Problem(409, f"job {job.id} has no weights/best.pt")
-        store = model_store(settings)
-        model_id = new_id("m")
-        part = store.incoming(model_id)
-        await anyio.to_thread.run_sync(_link_or_copy, best, part)
-        model = Model(id=model_id, owner_id=job.owner_id, name=body.name, family="", size="",
-                      nc=0, names={}, params=0, sha256="", bytes=part.stat().st_size,
-                      format="", imgsz=None, source=source, path=str(store.path(model_id)),
-                      state=INSPECTING)
-        session.add(model)
-        try:
-            session.commit()
-        except IntegrityError:  # a concurrent publish of this job won: answer with its model
-            session.rollback()
-            part.unlink(missing_ok=True)
+        added = await _add_published(session, settings, job, body.name, best)
+        if added is None:  # a concurrent publish of this job won: answer with its model
             continue
-        background.add_task(_finish_publish, request.app.state.sessions, settings, model_id,
+        model, part = added
+        background.add_task(_finish_publish, request.app.state.sessions, settings, model.id,
                             part)
         if settings.mlflow_tracking_uri:  # a version in MLflow's registry too, best effort
             background.add_task(_register_in_mlflow, request.app.state.store, job.id, body.name,
@@ -479,6 +449,46 @@ async def publish_job(job: OwnedJob, body: PublishRequest, session: SessionDep,
         response.headers["Location"] = f"/v1/models/{model.id}"
         return _public(model, settings)
     raise Problem(409, f"job {job.id} is being published by another request; retry")
+
+
+def _published_before(session: Session, settings: Settings, job: Job, source: str) -> Model | None:
+    """The model already published from ``job`` (``source``: ``job:<id>``), if any; a
+    ``failed`` one is deleted first, with its file (a new publish retries it)."""
+    done = session.scalar(select(Model).where(Model.source == source,
+                                              Model.owner_id == job.owner_id))
+    if done is not None and model_state(done, settings)[0] == FAILED:
+        Path(done.path).unlink(missing_ok=True)  # a retry: the failed model goes
+        session.delete(done)
+        session.commit()
+        done = None
+    return done
+
+
+async def _add_published(session: Session, settings: Settings, job: Job, name: str,
+                         best: Path) -> tuple[Model, Path] | None:
+    """Link (or copy) ``best`` into the model store's incoming file of a new model and
+    commit its row, ``inspecting`` (placeholders until :func:`_finish_publish`).
+
+    Returns:
+        The model and its incoming file, or None when a concurrent publish of ``job`` committed first (the
+        unique index on ``source``; this one's file is deleted).
+    """
+    store = model_store(settings)
+    model_id = new_id("m")
+    part = store.incoming(model_id)
+    await anyio.to_thread.run_sync(_link_or_copy, best, part)
+    model = Model(id=model_id, owner_id=job.owner_id, name=name, family="", size="",
+                  nc=0, names={}, params=0, sha256="", bytes=part.stat().st_size,
+                  format="", imgsz=None, source=f"job:{job.id}",
+                  path=str(store.path(model_id)), state=INSPECTING)
+    session.add(model)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        part.unlink(missing_ok=True)
+        return None
+    return model, part
 
 
 def _register_in_mlflow(store: Any, job_id: str, name: str, model_id: str, uri: str) -> None:

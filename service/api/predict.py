@@ -21,10 +21,9 @@ when none does, it answers 409 at once and nothing is stored.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import re
-import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -34,14 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from libreyolo_core.config import resolve_config
+from service import job_store
 from service.api.deps import CurrentUser, SessionDep, SettingsDep, StoreDep
+from service.api.presenters import job_public
 from service.api.problems import Problem
 from service.api.schemas import JobCreate, JobPublic
 from service.api.submit_rules import resolve_model
-from service.db.models import Job, new_id, utcnow
-from service.lifecycle import JobStatus
-from service.ops import append_events
-from service.queue import enqueue, queue_for
+from service.api.uploads import receive_upload
+from service.db.models import new_id
+from service.queue import queue_for
 from service.workers import live_queues
 
 __all__ = ["router", "PredictParams", "IMAGE_TYPES", "image_type", "validate_predict_params"]
@@ -188,6 +188,33 @@ async def predict_image(
         raise Problem(415, f"body: Content-Type {kind or '(none)'!r} is not an image this "
                       f"service reads; send {', '.join(IMAGE_TYPES)}", field="body")
     path = _model_ref(session, user, store, model)
+    gpus, queue = _served_or_409(session, settings)
+    job_id = new_id("j")
+    image, sha256 = await _received_image(request, store.input_dir(job_id), name, kind,
+                                          settings)
+    params = {k: v for k, v in {"conf": conf, "iou": iou, "imgsz": imgsz,
+                                "max_det": max_det}.items() if v is not None}
+    job = job_store.create_job(
+        session=session, job_id=job_id, owner_id=user.id, kind="predict", model=path,
+        data=str(image), params=params, gpus=gpus, procs=1, nodes=1, priority=9,
+        queue=queue, max_attempts=settings.max_attempts,
+        time_budget_s=settings.predict_time_budget_s, request_sha256=sha256)
+    session.commit()
+    session.refresh(job)
+    from service.api.jobs import send_job  # the jobs router imports this module
+
+    send_job(request.app.state.celery, job)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_public(job, session=session, settings=settings)
+
+
+def _served_or_409(session: Any, settings: Any) -> tuple[int, str]:
+    """:func:`_served_gpus`.
+
+    Raises:
+        Problem 409: no live worker serves any of those queues (the detail says which
+            queues the online workers serve, and how to start one).
+    """
     served = _served_gpus(session, settings)
     if served is None:
         online = sorted(live_queues(session, settings.worker_ttl_s))
@@ -196,28 +223,35 @@ async def predict_image(
                       "can run the prediction; nothing was queued. Start one with "
                       "`libreyolo-service worker --cpu` (or --gpus 0) and try again",
                       field="model")
-    gpus, queue = served
-    job_id = new_id("j")
+    return served
+
+
+async def _received_image(request: Request, folder: Path, name: str, kind: str,
+                          settings: Any) -> tuple[Path, str]:
+    """The request body streamed into ``folder`` as ``<name's stem><suffix of kind>``
+    (:func:`~service.api.uploads.receive_upload`) and checked: not empty, the image type
+    its first bytes say is ``kind``, at most ``max_predict_pixels``. On any refusal the
+    file and the folders made for it are deleted.
+
+    Returns:
+        ``(image path, sha256 hex of its bytes)``.
+
+    Raises:
+        Problem 413: larger than ``max_predict_bytes``. 422 (``field: body``): empty,
+            bytes of another type than ``kind``, an unreadable image, too many pixels.
+    """
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).stem)[:100].strip("._") or "image"
-    image = store.input_dir(job_id) / f"{stem}{IMAGE_TYPES[kind]}"
+    image = folder / f"{stem}{IMAGE_TYPES[kind]}"
     image.parent.mkdir(parents=True, exist_ok=True)
-    size, digest, head = 0, hashlib.sha256(), b""
     try:
-        async with await anyio.open_file(image, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > settings.max_predict_bytes:
-                    raise Problem(413, f"body: the image is larger than "
-                                  f"{settings.max_predict_bytes} bytes (max_predict_bytes)",
-                                  field="body")
-                if len(head) < 16:
-                    head += chunk[:16]
-                await f.write(chunk)
-                digest.update(chunk)
-        if size == 0:
+        got = await receive_upload(
+            request, image, max_bytes=settings.max_predict_bytes, field="body",
+            too_big=f"body: the image is larger than {settings.max_predict_bytes} bytes "
+                    "(max_predict_bytes)")
+        if got.size == 0:
             raise Problem(422, "body: empty (send the image's bytes as the request body)",
                           field="body")
-        found = image_type(head)
+        found = image_type(got.head)
         if found != kind:
             raise Problem(422, f"body: the bytes are {'a ' + found if found else 'no JPEG, PNG, WebP or BMP image'}"
                           f", not the {kind} the Content-Type says", field="body")
@@ -227,32 +261,9 @@ async def predict_image(
                           f"{settings.max_predict_pixels:,} (max_predict_pixels)", field="body")
     except BaseException:
         image.unlink(missing_ok=True)
-        for folder in (image.parent, image.parent.parent):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        for folder_made in (image.parent, image.parent.parent):
+            with contextlib.suppress(OSError):
+                folder_made.rmdir()
         raise
-    params = {k: v for k, v in {"conf": conf, "iou": iou, "imgsz": imgsz,
-                                "max_det": max_det}.items() if v is not None}
-    now = utcnow()
-    job = Job(id=job_id, owner_id=user.id, kind="predict", model=path, data=str(image),
-              params=params, options=None, gpus=gpus, procs=1, nodes=1, priority=9,
-              queue=queue, status=JobStatus.QUEUED, attempt=0,
-              max_attempts=settings.max_attempts, time_budget_s=settings.predict_time_budget_s,
-              request_sha256=digest.hexdigest(), cancel_requested=False, event_seq=0,
-              events_offset=0, log_offset=0, created_at=now, enqueued_at=now, sent_at=now)
-    session.add(job)
-    session.flush()
-    append_events(session, job.id, [("status", time.time(), {"event": "status",
-                                                             "status": JobStatus.QUEUED})])
-    session.commit()
-    session.refresh(job)
-    try:
-        enqueue(request.app.state.celery, job.id, job.queue, job.priority)
-    except Exception:  # broker down: the reaper re-sends queued jobs later
-        log.exception("could not send job %s to queue %s; the reaper will retry", job.id, queue)
-    from service.api.jobs import job_public
+    return image, got.sha256
 
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(job, session=session, settings=settings)

@@ -188,20 +188,24 @@ def document_problems(openapi: dict[str, Any]) -> dict[str, Any]:
     schemas["Problem"] = problem
     for path_item in openapi.get("paths", {}).values():
         for op in path_item.values():
-            if not isinstance(op, dict) or "responses" not in op:
-                continue
-            responses = op["responses"]
-            if op.get("security"):
-                responses.setdefault("401", {"description": _STANDARD[401]})
-            if op.get("parameters") or op.get("requestBody"):
-                responses.setdefault("422", {"description": _STANDARD[422]})
-            if "application/json" in op.get("requestBody", {}).get("content", {}):
-                responses.setdefault("400", {"description": _STANDARD[400]})
-            for code, resp in responses.items():
-                if code[0] in "45":
-                    if resp.get("description") == "Validation Error":
-                        resp["description"] = _STANDARD[422]
-                    resp["content"] = {PROBLEM_JSON: {"schema": _PROBLEM_REF}}
+            if isinstance(op, dict) and "responses" in op:
+                _document_operation(op)
     for unused in ("HTTPValidationError", "ValidationError", "ProblemDetails"):
         schemas.pop(unused, None)
     return openapi
+
+
+def _document_operation(op: dict[str, Any]) -> None:
+    """:func:`document_problems` for one operation's ``responses`` (in place)."""
+    responses = op["responses"]
+    if op.get("security"):
+        responses.setdefault("401", {"description": _STANDARD[401]})
+    if op.get("parameters") or op.get("requestBody"):
+        responses.setdefault("422", {"description": _STANDARD[422]})
+    if "application/json" in op.get("requestBody", {}).get("content", {}):
+        responses.setdefault("400", {"description": _STANDARD[400]})
+    for code, resp in responses.items():
+        if code[0] in "45":
+            if resp.get("description") == "Validation Error":
+                resp["description"] = _STANDARD[422]
+            resp["content"] = {PROBLEM_JSON: {"schema": _PROBLEM_REF}}

@@ -87,6 +87,20 @@ def validate_params(body: JobCreate, gpus: int, family: str | None = None) -> di
         more = f". {OTHER_MODEL_FORMS}" if field == "model" and family is None else ""
         raise Problem(422, f"{field}: {exc}{more}", field=field, value=_jsonable(exc.value),
                       allowed=_allowed_values(exc.key)) from None
+    _check_ranks(body, gpus, cfg)
+    keys = set(cfg.model_fields_set) - {"model"}
+    return cfg.model_dump(mode="json", include=keys)
+
+
+def _check_ranks(body: JobCreate, gpus: int, cfg: Any) -> None:
+    """The rules of :func:`validate_params` between the job's devices and its resolved
+    config ``cfg``: a profile, tune or preflight runs on one device of one host; ``batch``
+    divides by the rank count.
+
+    Raises:
+        Problem 422: naming ``nodes``, ``gpus``/``procs``, ``params.preflight`` or
+            ``params.batch``, with the allowed values.
+    """
     per_node = gpus or body.procs
     world = per_node * body.nodes
     if body.nodes > 1 and (body.kind in ("profile", "tune") or cfg.profile or cfg.preflight):
@@ -115,8 +129,6 @@ def validate_params(body: JobCreate, gpus: int, family: str | None = None) -> di
                 ranks += f" on each of nodes={body.nodes}"
             raise Problem(422, f"params.batch: {exc} ({ranks})", field="params.batch", value=cfg.batch,
                           allowed=nearest_valid_batches(cfg.batch, world)) from None
-    keys = set(cfg.model_fields_set) - {"model"}
-    return cfg.model_dump(mode="json", include=keys)
 
 
 def _allowed_values(key: str) -> list[Any] | None:

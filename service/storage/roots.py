@@ -160,18 +160,25 @@ def check_dataset(yaml_path: str | Path, rule: ReadRule, *, max_yaml_bytes: int 
         if (refusal := rule.refusal(base)) is not None:
             raise PathRefused(f"{name}: key 'path': {refusal}")
     for key in ("train", "val", "test"):
-        entries = doc.get(key)
-        for entry in entries if isinstance(entries, list) else [entries]:
-            if entry in (None, "") or not isinstance(entry, str):
-                continue
-            given = Path(entry).expanduser()
-            target = given if given.is_absolute() else base / given
-            if (refusal := rule.refusal(target, walked=True)) is not None:
-                raise PathRefused(f"{name}: key {key!r}: {refusal.replace(str(target), entry)}")
-            if target.suffix.lower() == ".txt" and target.is_file():
-                _check_list(target, rule, name, key, max_yaml_bytes * 64)
+        _check_split(doc.get(key), base, rule, name, key, max_yaml_bytes * 64)
     if deep:
         _check_files(yaml_path, rule, name)
+
+
+def _check_split(entries: Any, base: Path, rule: ReadRule, name: str, key: str,
+                 max_list_bytes: int) -> None:
+    """Apply ``rule`` to the split ``key``'s entries (a path or a list of them, relative
+    to ``base``) and to the entries of a ``.txt`` list file among them (at most
+    ``max_list_bytes``)."""
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if entry in (None, "") or not isinstance(entry, str):
+            continue
+        given = Path(entry).expanduser()
+        target = given if given.is_absolute() else base / given
+        if (refusal := rule.refusal(target, walked=True)) is not None:
+            raise PathRefused(f"{name}: key {key!r}: {refusal.replace(str(target), entry)}")
+        if target.suffix.lower() == ".txt" and target.is_file():
+            _check_list(target, rule, name, key, max_list_bytes)
 
 
 def _check_list(list_file: Path, rule: ReadRule, name: str, key: str, max_bytes: int) -> None:

@@ -77,6 +77,37 @@ def _limits(limits: ZipLimits | None, max_total_bytes: int | None, max_ratio: fl
     return ZipLimits(**{**limits.__dict__, **over})
 
 
+def _check_member(info: zipfile.ZipInfo, path: PurePosixPath, lim: ZipLimits) -> None:
+    """The checks of :func:`check_zip` that one member passes alone: its path's length and
+    depth, its names' lengths, its inflated size, no encryption, a known compression
+    method, a regular file or folder.
+
+    Raises:
+        UnsafeZipError: naming the member and the limit passed.
+    """
+    if len(info.filename) > lim.max_path_chars:
+        raise UnsafeZipError(f"zip member {info.filename[:80]!r}... has a path of {len(info.filename)} "
+                             f"characters, more than the limit of {lim.max_path_chars} (max_zip_path_chars)")
+    if len(path.parts) - (0 if info.is_dir() else 1) > lim.max_depth:
+        raise UnsafeZipError(f"zip member {info.filename[:80]!r} is {len(path.parts)} folders deep, more "
+                             f"than the limit of {lim.max_depth} (max_zip_path_depth)")
+    if any(len(part.encode()) > 255 for part in path.parts):
+        raise UnsafeZipError(f"zip member {info.filename[:80]!r} has a name longer than 255 bytes")
+    if info.file_size > lim.max_member_bytes:
+        raise UnsafeZipError(f"zip member {info.filename!r} inflates to {info.file_size} bytes, more than "
+                             f"the limit of {lim.max_member_bytes} (max_zip_member_bytes)")
+    if info.flag_bits & 0x1:
+        raise UnsafeZipError(f"zip member {info.filename!r} is encrypted (zip a dataset "
+                             "without a password)")
+    if info.compress_type not in _METHODS:
+        raise UnsafeZipError(f"zip member {info.filename!r} uses compression method "
+                             f"{info.compress_type}; use stored, deflate, bzip2 or lzma")
+    mode = info.external_attr >> 16
+    if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "a special file"
+        raise UnsafeZipError(f"zip member {info.filename!r} is {kind}")
+
+
 def check_zip(zf: zipfile.ZipFile, *, max_total_bytes: int | None = None, max_ratio: float | None = None,
               limits: ZipLimits | None = None) -> int:
     """Validate every member against ``limits`` (``max_total_bytes``/``max_ratio``
@@ -99,28 +130,8 @@ def check_zip(zf: zipfile.ZipFile, *, max_total_bytes: int | None = None, max_ra
         if key in seen:
             raise UnsafeZipError(f"zip member {info.filename!r} appears twice")
         seen.add(key)
-        if len(info.filename) > lim.max_path_chars:
-            raise UnsafeZipError(f"zip member {info.filename[:80]!r}... has a path of {len(info.filename)} "
-                                 f"characters, more than the limit of {lim.max_path_chars} (max_zip_path_chars)")
-        if len(path.parts) - (0 if info.is_dir() else 1) > lim.max_depth:
-            raise UnsafeZipError(f"zip member {info.filename[:80]!r} is {len(path.parts)} folders deep, more "
-                                 f"than the limit of {lim.max_depth} (max_zip_path_depth)")
-        if any(len(part.encode()) > 255 for part in path.parts):
-            raise UnsafeZipError(f"zip member {info.filename[:80]!r} has a name longer than 255 bytes")
-        if info.file_size > lim.max_member_bytes:
-            raise UnsafeZipError(f"zip member {info.filename!r} inflates to {info.file_size} bytes, more than "
-                                 f"the limit of {lim.max_member_bytes} (max_zip_member_bytes)")
-        if info.flag_bits & 0x1:
-            raise UnsafeZipError(f"zip member {info.filename!r} is encrypted (zip a dataset "
-                                 "without a password)")
-        if info.compress_type not in _METHODS:
-            raise UnsafeZipError(f"zip member {info.filename!r} uses compression method "
-                                 f"{info.compress_type}; use stored, deflate, bzip2 or lzma")
+        _check_member(info, path, lim)
         compressed += info.compress_size
-        mode = info.external_attr >> 16
-        if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            kind = "a symlink" if stat.S_ISLNK(mode) else "a special file"
-            raise UnsafeZipError(f"zip member {info.filename!r} is {kind}")
         total += info.file_size
         if total > lim.max_total_bytes:
             raise UnsafeZipError(f"zip inflates to more than {lim.max_total_bytes} bytes "

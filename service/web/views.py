@@ -22,8 +22,8 @@ from libreyolo_core.records.result import JobResult, PreflightActual, PreflightR
 from libreyolo_core.records.tune import TUNE_FILE, TuneRecord, TuneRow
 from service import job_store
 from service.api.deps import SessionDep
-from service.api.jobs import queue_outlooks
 from service.api.model_refs import describe_model_ref
+from service.api.presenters import queue_outlooks
 from service.db.models import Artifact, Dataset, Job, User
 from service.gang import nodes_of, world_size
 from service.lifecycle import ACTIVE, TERMINAL, JobStatus

@@ -119,3 +119,27 @@ def test_one_ownership_rule(sessions):
             with pytest.raises(Problem) as err:
                 owned_job(jid, users[who], s)
             assert err.value.status == 404 and err.value.detail == f"job {jid!r} not found"
+
+
+def test_create_job_writes_the_row_and_its_first_event(sessions):
+    from service.db.models import Job, JobEvent, User
+    from service.job_store import create_job
+
+    name, _ = make_user(sessions)
+    with sessions() as s:
+        owner = s.query(User).filter_by(name=name).one().id
+        job = create_job(session=s, owner_id=owner, kind="train", model="yolo9-t",
+                         data="/data/x.yaml", params={"epochs": 1}, gpus=0, procs=2, nodes=1,
+                         priority=3, queue="cpu", max_attempts=3, time_budget_s=None,
+                         request_sha256="ab" * 32, reason="resuming job j0 from its last.pt")
+        s.commit()
+        job_id = job.id
+    with sessions() as s:
+        row = s.get(Job, job_id)
+        assert (row.status, row.attempt, row.event_seq, row.procs, row.priority) == (Q, 0, 1, 2, 3)
+        assert row.created_at == row.enqueued_at == row.sent_at
+        assert not row.cancel_requested and row.idempotency_key is None
+        events = s.query(JobEvent).filter_by(job_id=job_id).all()
+        assert [(e.seq, e.kind, e.payload) for e in events] == [
+            (1, "status", {"event": "status", "status": "queued",
+                           "reason": "resuming job j0 from its last.pt"})]

@@ -17,6 +17,15 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _create_users()
+    _create_tokens()
+    _create_jobs()
+    _create_job_events()
+    _create_artifacts()
+    _create_datasets()
+
+
+def _create_users() -> None:
     op.create_table(
         "users",
         sa.Column("id", sa.String(32), primary_key=True),
@@ -24,6 +33,9 @@ def upgrade() -> None:
         sa.Column("is_admin", sa.Boolean(), nullable=False),
         sa.Column("created_at", UTCDateTime(), nullable=False),
     )
+
+
+def _create_tokens() -> None:
     op.create_table(
         "tokens",
         sa.Column("id", sa.String(32), primary_key=True),
@@ -34,6 +46,9 @@ def upgrade() -> None:
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("revoked", sa.Boolean(), nullable=False),
     )
+
+
+def _create_jobs() -> None:
     op.create_table(
         "jobs",
         sa.Column("id", sa.String(32), primary_key=True),
@@ -70,6 +85,9 @@ def upgrade() -> None:
         sa.Column("finished_at", UTCDateTime(), nullable=True),
         sa.UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_idem"),
     )
+
+
+def _create_job_events() -> None:
     op.create_table(
         "job_events",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -81,6 +99,9 @@ def upgrade() -> None:
         sa.Column("payload", sa.JSON(), nullable=False),
         sa.UniqueConstraint("job_id", "seq", name="uq_job_events_seq"),
     )
+
+
+def _create_artifacts() -> None:
     op.create_table(
         "artifacts",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -93,6 +114,9 @@ def upgrade() -> None:
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.UniqueConstraint("job_id", "path", name="uq_artifacts_path"),
     )
+
+
+def _create_datasets() -> None:
     op.create_table(
         "datasets",
         sa.Column("id", sa.String(32), primary_key=True),
