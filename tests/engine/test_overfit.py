@@ -61,7 +61,7 @@ def test_yoloxt_overfits_eight_coco_images(coco8, tmp_path):
                                         project=tmp_path, lr0=0.02, degrees=0.0, shear=0.0,
                                         **OVERFIT)
     assert result["mAP50"] >= 0.05, result
-    rows = list(csv.DictReader(open(Path(result["save_dir"]) / "results.csv")))
+    rows = list(csv.DictReader((Path(result["save_dir"]) / "results.csv").read_text().splitlines()))
     for term in ("iou", "obj", "cls"):
         first, last = float(rows[0][f"train/{term}_loss"]), float(rows[-1][f"train/{term}_loss"])
         assert last < 0.7 * first, (term, first, last)

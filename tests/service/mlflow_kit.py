@@ -35,7 +35,7 @@ def mlflow_server(root: Path, start_timeout_s: float = 180.0) -> Iterator[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
-    log = open(root / "server.log", "w")
+    log = open(root / "server.log", "w")  # noqa: SIM115 - the server writes it while it runs
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:

@@ -58,7 +58,7 @@ def _check_predictions(preds, images, max_det, nc=2):
     for p in preds:
         x, y, w, h = p["bbox"]
         iw, ih = images[p["file_name"]]
-        assert 0 <= x and 0 <= y and x + w <= iw + 0.01 and y + h <= ih + 0.01, p
+        assert x >= 0 and y >= 0 and x + w <= iw + 0.01 and y + h <= ih + 0.01, p
         assert 0 <= p["category_id"] < nc and p["score"] >= LOW_CONF, p
     per_image: dict[str, int] = {}
     for p in preds:

@@ -34,7 +34,8 @@ class PrivateRedis:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=open(self.folder / "redis.log", "ab"), stderr=subprocess.STDOUT)
+            stdout=open(self.folder / "redis.log", "ab"),  # noqa: SIM115 - redis writes it while it runs
+            stderr=subprocess.STDOUT)
         wait_for(self.ping, timeout=10, interval=0.05, what="redis-server to start")
         return self
 
