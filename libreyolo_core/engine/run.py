@@ -24,7 +24,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 
 from libreyolo_core.config import TrainConfig
-from libreyolo_core.data.config import load_data_config
+from libreyolo_core.data.config import DataConfig, load_data_config
 from libreyolo_core.distributed.context import (
     DistContext,
     broadcast_object,
@@ -132,13 +132,7 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
     family, size = parse_model_name(cfg.model)
     torch.manual_seed(cfg.seed)
 
-    if not cfg.data:
-        raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
-    data = load_data_config(cfg.data)  # every rank scans: the reports are cheap and identical
-    if not data.train:
-        raise ValueError(f"{data.yaml_path}: key 'train' is missing")
-    if resume is not None:  # before the scan: a class mismatch is known from the yaml alone
-        check_resume_classes(resume.ckpt, resume.path, data)
+    data = _dataset(cfg, resume)
     names, nc = dict(data.names), len(data.names)
     arch = resume.arch(family) if resume is not None else None
     parts = build_parts(cfg, family=family, size=size, data=data, dist=ctx, device=device,
@@ -157,6 +151,19 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
     return Run(cfg=cfg, dist=ctx, device=device, family=family, size=size, names=names, nc=nc,
                parts=parts, state=state, resume=resume, run_dir=run_dir, events=events,
                bn_guard=bn_guard, owns_process_group=owned, profiler=profiler)
+
+
+def _dataset(cfg: TrainConfig, resume: Resume | None) -> DataConfig:
+    """The run's dataset yaml, loaded (not scanned); a resumed run's classes checked against
+    it before the scan (a class mismatch is known from the yaml alone)."""
+    if not cfg.data:
+        raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+    data = load_data_config(cfg.data)  # every rank scans: the reports are cheap and identical
+    if not data.train:
+        raise ValueError(f"{data.yaml_path}: key 'train' is missing")
+    if resume is not None:
+        check_resume_classes(resume.ckpt, resume.path, data)
+    return data
 
 
 def _load_resume(resume: Resume, state: TrainState, parts: TrainParts, cfg: TrainConfig,
