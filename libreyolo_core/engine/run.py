@@ -97,13 +97,16 @@ class Run:
 
 
 def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
-                on_dist: Callable[[DistContext, bool], None] | None = None) -> Run:
+                resume: Resume | None = None, on_dist: Callable[[DistContext, bool], None] | None = None) -> Run:
     """Set up one process's run (the module docstring gives the order).
 
     Args:
         cfg: the resolved config (``data`` required; ``batch`` is global).
         model: a built network to start from (``build_parts`` builds another when it is
             None, when resuming, or when its ``nc`` differs from the dataset's).
+        resume: the checkpoint ``cfg.resume`` names, when the caller already loaded it
+            (:func:`~libreyolo_core.engine.resume.load_resume`; read once); None opens
+            ``cfg.resume`` here (or starts a new run).
         on_dist: called as ``on_dist(context, owned)`` as soon as the process's
             :class:`DistContext` is known (``owned``: this call started the process group),
             so that a caller can name a collective's timeout and end the group when a
@@ -121,7 +124,8 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
         ProfileWindowError: ``profile`` and one epoch cannot hold the window's steps.
     """
     set_phase("set-up (process group, data scan, model)")
-    resume = open_resume(cfg)
+    if resume is None:
+        resume = open_resume(cfg)
     if resume is not None:  # continue with the checkpoint's config
         cfg = resume.config(cfg)
     owned = not (dist.is_available() and dist.is_initialized())

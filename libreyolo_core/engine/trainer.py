@@ -111,6 +111,7 @@ class Trainer:
         model: torch.nn.Module | None = None,
         callbacks: dict[str, list[Callable[[Trainer], None]]] | None = None,
         preflight: Any = None,
+        resume: Resume | None = None,
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
@@ -119,6 +120,7 @@ class Trainer:
         self.preflight = preflight
         self.callbacks = callbacks or {}
         self._model_in = model  # the network to start from (build_parts may build another)
+        self._resume_in = resume  # the resume checkpoint, when the caller loaded it
         self._run: Run | None = None  # prepared in _setup
         self.state = TrainState()  # the run's, once prepared
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
@@ -229,7 +231,8 @@ class Trainer:
     def _setup(self) -> None:
         """Prepare the run (:func:`~libreyolo_core.engine.run.prepare_run`) and build this
         rank's hooks (:func:`~libreyolo_core.engine.hooks.default_hooks`)."""
-        self._run = run = prepare_run(self.cfg, model=self._model_in, on_dist=self._joined)
+        self._run = run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in,
+                                           on_dist=self._joined)
         self.cfg, self.state = run.cfg, run.state
         self.hooks = default_hooks(self, self.callbacks)
         self.guard = next(h for h in self.hooks if isinstance(h, NonFiniteGuard))

@@ -280,7 +280,7 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
     if batch < 1 or train_images < 1:
         raise ValueError(f"batch={batch} and train_images={train_images} must be >= 1")
     steps = train_images // batch if train_images >= batch else 1
-    rows = []
+    rows: list[dict[str, Any]] = []
     more = list(notes)
     by_name = {ph.name: _step_ms(ph.profile) for ph in phases}
     for ph in phases:
@@ -472,7 +472,7 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
         return None
     t0 = time.perf_counter()
     wall0 = time.time()
-    images = len(load_data_config(cfg.data).train)
+    images = len(load_data_config(cfg.data).train or ())
     available = images // cfg.batch if images >= cfg.batch else 1
     fit = _fit(available, WARMUP, STEPS, accumulate_steps(cfg.batch, cfg.nbs))
     if fit is None:
