@@ -231,8 +231,8 @@ class Trainer:
     def _setup(self) -> None:
         """Prepare the run (:func:`~libreyolo_core.engine.run.prepare_run`) and build this
         rank's hooks (:func:`~libreyolo_core.engine.hooks.default_hooks`)."""
-        self._run = run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in,
-                                           on_dist=self._joined)
+        run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in, on_dist=self._joined)
+        self._run = run
         self.cfg, self.state = run.cfg, run.state
         self.hooks = default_hooks(self, self.callbacks)
         self.guard = next(h for h in self.hooks if isinstance(h, NonFiniteGuard))
