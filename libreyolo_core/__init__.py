@@ -6,7 +6,8 @@ config and the model registry stay torch-free for the API process.
 
 from typing import Any
 
-__version__ = "0.1.0"
+from libreyolo_core.version import __version__
+
 __all__ = ["LibreYOLO", "__version__"]
 
 

@@ -130,6 +130,8 @@ def _bool(v: Any) -> bool:
 
 # -- commands ---------------------------------------------------------------------------------
 def cmd_train(keys: dict[str, Any]) -> int:
+    """``libreyolo train key=value ...`` (or ``spec=job.json``): train, or run the spec's
+    predict / tune / profile job; prints the outcome line(s). Returns the exit code."""
     from libreyolo_core.config import resolve_config
 
     if "spec" in keys:
@@ -137,26 +139,9 @@ def cmd_train(keys: dict[str, Any]) -> int:
         spec = JobSpec.read(spec_path)
         if spec.kind not in JOB_KINDS:
             raise UsageError(f"{spec_path}: kind {spec.kind!r} is not one of {', '.join(JOB_KINDS)}")
-        if spec.kind == "predict":  # a model on images: annotated images, predictions.json
-            from libreyolo_core.predict_job import run_predict_job
-
-            if keys:
-                raise UsageError(f"a predict spec takes no other keys: {', '.join(keys)}")
-            return run_predict_job(spec)
-        if spec.kind == "tune":  # several profile trials in this process (profiler/tune.py)
-            from libreyolo_core.profiler.tune import run_tune_job
-
-            if keys:
-                raise UsageError(f"a tune spec takes no other keys: {', '.join(keys)}")
-            return run_tune_job(spec)
-        merged = dict(spec.params)
-        if spec.kind == "profile":  # a window of real steps with augmentation on, then stop
-            merged = {"no_aug_epochs": 0, "val": False, **merged, "profile": True,
-                      "profile_then_stop": True}
-        for k in ("model", "data", "project", "name", "exist_ok", "resume"):
-            if getattr(spec, k) not in (None, ""):
-                merged[k] = getattr(spec, k)
-        keys = {**merged, **keys}
+        if spec.kind in ("predict", "tune"):
+            return _run_spec_job(spec, keys)
+        keys = _spec_keys(spec, keys)
     from libreyolo_core.distributed.batch import per_rank_batch
     from libreyolo_core.distributed.context import torchrun_env
     from libreyolo_core.facade import LibreYOLO, is_weights_path
@@ -174,10 +159,49 @@ def cmd_train(keys: dict[str, Any]) -> int:
     result = yolo.train(**keys)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
         return EXIT_OK
+    _print_train_result(result, cfg, fresh=not is_weights_path(model))
+    return EXIT_OK
+
+
+def _run_spec_job(spec: JobSpec, keys: dict[str, Any]) -> int:
+    """A predict spec (a model on images: annotated images, ``predictions.json``) or a tune
+    spec (several profile trials in this process, :mod:`libreyolo_core.profiler.tune`).
+
+    Raises:
+        UsageError: other keys beside ``spec=``.
+    """
+    if keys:
+        raise UsageError(f"a {spec.kind} spec takes no other keys: {', '.join(keys)}")
+    if spec.kind == "predict":
+        from libreyolo_core.predict_job import run_predict_job
+
+        return run_predict_job(spec)
+    from libreyolo_core.profiler.tune import run_tune_job
+
+    return run_tune_job(spec)
+
+
+def _spec_keys(spec: JobSpec, keys: dict[str, Any]) -> dict[str, Any]:
+    """The training keys of a train or profile spec: its params (a profile job: a window of
+    real steps with augmentation on, then stop), its model, data, project, name, exist_ok
+    and resume, then the command line's ``keys`` over them."""
+    merged = dict(spec.params)
+    if spec.kind == "profile":
+        merged = {"no_aug_epochs": 0, "val": False, **merged, "profile": True,
+                  "profile_then_stop": True}
+    for k in ("model", "data", "project", "name", "exist_ok", "resume"):
+        if getattr(spec, k) not in (None, ""):
+            merged[k] = getattr(spec, k)
+    return {**merged, **keys}
+
+
+def _print_train_result(result: dict[str, Any], cfg: Any, fresh: bool) -> None:
+    """The run's last lines: where the profile or the weights are, the best epoch's mAP,
+    and a note when a validated run from fresh weights learned nothing."""
     if cfg.profile_then_stop:  # a profile job: a window of steps, no trained weights
         print(f"done: profile window measured; profile.json and timeline.html in "
               f"{result['save_dir']} (a profile run saves no weights)")
-        return EXIT_OK
+        return
     best = result["best_checkpoint"] if Path(result["best_checkpoint"]).is_file() else None
     weights = best or (result["last_checkpoint"] if Path(result["last_checkpoint"]).is_file()
                        else "none saved")
@@ -185,10 +209,9 @@ def cmd_train(keys: dict[str, Any]) -> int:
           f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {weights}")
     from libreyolo_core.records.notes import learned_nothing
 
-    note = learned_nothing(result, result.get("epochs_completed"), not is_weights_path(model))
+    note = learned_nothing(result, result.get("epochs_completed"), fresh)
     if note and cfg.val:
         print(f"note: {note}")
-    return EXIT_OK
 
 
 def cmd_val(keys: dict[str, Any]) -> int:

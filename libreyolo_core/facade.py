@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.models.registry import get_family, parse_model_name
 from libreyolo_core.weights.load import LoadedWeights, load_weights
 from libreyolo_core.weights.transfer import transfer_weights
+
+if TYPE_CHECKING:
+    from libreyolo_core.engine.resume import Resume
 
 __all__ = ["LibreYOLO", "Prediction", "is_weights_path"]
 
@@ -152,7 +155,7 @@ class LibreYOLO:
 
         resumed = self._resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
         if resumed is not None:
-            path, ckpt = resumed
+            path, ckpt = resumed.path, resumed.ckpt
             if (ckpt["model_family"], ckpt["size"]) != (self.family.name, self.size):
                 log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
                          ckpt["size"])
@@ -162,11 +165,11 @@ class LibreYOLO:
         if data is None:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
         cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
-        data_cfg = load_data_config(cfg.data)
+        data_cfg = load_data_config(cfg.data or str(data))
         if resumed is not None:  # another class count cannot resume: say so before any work
             from libreyolo_core.engine.resume import check_resume_classes
 
-            check_resume_classes(resumed[1], resumed[0], data_cfg)
+            check_resume_classes(resumed.ckpt, resumed.path, data_cfg)
         names = data_cfg.names
         if self.checkpoint is None:
             # Fresh weights: build them under the run's seed, so a seeded run repeats.
@@ -187,7 +190,8 @@ class LibreYOLO:
         if len(devices) > 1 and torchrun_env() is None:
             result = self._train_spawned(cfg, devices, callbacks)
         else:
-            trainer = Trainer(cfg, model=self.model, callbacks=callbacks, preflight=preflight)
+            trainer = Trainer(cfg, model=self.model, callbacks=callbacks, preflight=preflight,
+                              resume=resumed)
             result = trainer.train()
             self.model = unwrap(trainer.parts.model)
         best = Path(result["best_checkpoint"])
@@ -256,13 +260,19 @@ class LibreYOLO:
         return spawn_train(cfg, world_size, model=self.model, nc=self.nc, callbacks=callbacks, cuda_ids=ids)
 
     @staticmethod
-    def _resume_checkpoint(resume: Any, project: str) -> tuple[Path, dict[str, Any]] | None:
-        """The checkpoint a ``resume`` continues (its model and dataset are the defaults of
-        the resumed run), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`)."""
-        from libreyolo_core.engine.resume import resume_path
+    def _resume_checkpoint(resume: Any, project: str) -> Resume | None:
+        """The checkpoint a ``resume`` continues, loaded once (its model and dataset are the
+        defaults of the resumed run; the trainer continues from it without reading it
+        again), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`).
+
+        Raises:
+            CheckpointError: no such file, not a checkpoint, or no ``last.pt`` to find.
+            ValueError: the checkpoint has no training state.
+        """
+        from libreyolo_core.engine.resume import load_resume, resume_path
 
         path = resume_path(resume, project)
-        return None if path is None else (path, load_checkpoint(path))
+        return None if path is None else load_resume(path)
 
     # -- validation -----------------------------------------------------------------------
     def val(
@@ -331,10 +341,10 @@ class LibreYOLO:
                 train_labels = [r.labels for r in scan_split(dc, "train").records]
             meta = {"epoch": None, "model": self.name, "imgsz": ds.imgsz, "split": split, "data": str(dc.yaml_path),
                     "val_time_s": round(val_s, 3)}
-            report = write_report(out, kept, dict(self.names), plot_images, train_labels, meta, plots=plots)
+            written = write_report(out, kept, dict(self.names), plot_images, train_labels, meta, plots=plots)
             if verbose:
-                print(format_table(report), flush=True)
-                print(f"report: {out} ({report['timing']['total_s']:.2f} s; validation {val_s:.2f} s)", flush=True)
+                print(format_table(written), flush=True)
+                print(f"report: {out} ({written['timing']['total_s']:.2f} s; validation {val_s:.2f} s)", flush=True)
             metrics["save_dir"] = str(out)
         return metrics
 

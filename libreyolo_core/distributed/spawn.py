@@ -19,7 +19,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 from libreyolo_core.config import TrainConfig
 from libreyolo_core.distributed.batch import per_rank_batch
+from libreyolo_core.engine.signals import install_sigterm
 
 __all__ = ["MainGuardError", "spawn_train", "check_picklable", "free_port"]
 
@@ -209,13 +209,12 @@ def _join(context: torch.multiprocessing.ProcessContext) -> None:
             imported the caller's script).
     """
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward() -> None:
         for process in context.processes:
             if process.is_alive():
                 os.kill(process.pid, signal.SIGTERM)
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, forward) if main_thread else None
+    restore = install_sigterm(forward, chain=False)  # the parent stops with its ranks
     try:
         while not context.join(timeout=1.0, grace_period=10.0):
             pass
@@ -229,5 +228,4 @@ def _join(context: torch.multiprocessing.ProcessContext) -> None:
             "guard: put the training call under `if __name__ == \"__main__\":`."
         ) from None
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore()

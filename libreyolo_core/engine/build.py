@@ -133,27 +133,10 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
     loss_fn = family.build_loss(model, cfg)
     if ddp and hasattr(loss_fn, "normalizer_reduce"):
         loss_fn.normalizer_reduce = mean_normalizer(dist)
-    # compile wins over cuda_graph (one line); under DDP the trainer points it at the wrapper
-    compiled = build_compiled_network(model, cfg.compile, device, announce=main)
-    if compiled is not None and cfg.cuda_graph:
-        if main:
-            log.info("cuda_graph=True ignored: compile=%s compiles the network instead (the two "
-                     "do not stack; compile='reduce-overhead' adds CUDA graphs to the compiled "
-                     "network)", compiled.mode)
-        cuda_graph = None
-    elif ddp and cfg.cuda_graph:
-        if main:
-            log.info("cuda_graph: not available under DDP; training eager")
-        cuda_graph = None
-    else:
-        # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
-        cuda_graph = build_cuda_graph_manager(model, cfg.cuda_graph, device, family=family)
+    compiled, cuda_graph = _runners(cfg, model, device, family, main=main, ddp=ddp)
 
     accumulate = accumulate_steps(batch, cfg.nbs)
-    weight_decay = cfg.weight_decay
-    if cfg.nbs:
-        weight_decay *= batch * accumulate / cfg.nbs
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr0, cfg.momentum, weight_decay, cfg.nesterov)
+    optimizer = _optimizer(cfg, model, batch, accumulate)
     steps_per_epoch = math.ceil(len(train_loader) / accumulate)
     schedule = LRSchedule.from_config(cfg, steps_per_epoch)
     # rank 0 alone validates and saves, so only it keeps the EMA
@@ -168,6 +151,35 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
                       schedule=schedule, ema=ema, compiled=compiled,
                       data_summary={name: r.defect_summary() for name, r in
                                     (("train", train_report), ("val", val_report)) if r is not None})
+
+
+def _runners(cfg: TrainConfig, model: nn.Module, device: torch.device, family: Any, *, main: bool,
+             ddp: bool) -> tuple[Any, Any]:
+    """The ``torch.compile`` runner and the CUDA-graph manager (each or both None: eager).
+    ``compile`` wins over ``cuda_graph`` (one line says so); under DDP there is no graph
+    manager, and the trainer points the compiled runner at the DDP wrapper."""
+    compiled = build_compiled_network(model, cfg.compile, device, announce=main)
+    if compiled is not None and cfg.cuda_graph:
+        if main:
+            log.info("cuda_graph=True ignored: compile=%s compiles the network instead (the two "
+                     "do not stack; compile='reduce-overhead' adds CUDA graphs to the compiled "
+                     "network)", compiled.mode)
+        return compiled, None
+    if ddp and cfg.cuda_graph:
+        if main:
+            log.info("cuda_graph: not available under DDP; training eager")
+        return compiled, None
+    # None (eager, one log line) unless cuda_graph=True on CUDA for a family that allows it
+    return compiled, build_cuda_graph_manager(model, cfg.cuda_graph, device, family=family)
+
+
+def _optimizer(cfg: TrainConfig, model: nn.Module, batch: int, accumulate: int) -> torch.optim.Optimizer:
+    """The optimizer, its weight decay scaled to the images of one optimizer step over
+    ``nbs`` (``batch * accumulate / nbs``) when ``nbs`` is set."""
+    weight_decay = cfg.weight_decay
+    if cfg.nbs:
+        weight_decay *= batch * accumulate / cfg.nbs
+    return build_optimizer(model, cfg.optimizer, cfg.lr0, cfg.momentum, weight_decay, cfg.nesterov)
 
 
 def _scan(cfg: TrainConfig, data: DataConfig, main: bool) -> tuple[Any, Any]:

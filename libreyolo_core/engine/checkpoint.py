@@ -27,6 +27,7 @@ import torch
 
 from libreyolo_core.engine import fence
 from libreyolo_core.engine.nonfinite import nonfinite_tensors
+from libreyolo_core.weights.errors import CheckpointError  # defined with the readers, exported here
 
 __all__ = ["SCHEMA_VERSION", "save_checkpoint", "load_checkpoint", "lean_state", "CheckpointError",
            "NonFiniteCheckpointError", "refuse_nonfinite"]
@@ -36,10 +37,6 @@ REQUIRED = ("model", "model_family", "size", "nc", "names")
 STATE_KEYS = ("model", "train_model")  # state dicts stored under LibreYOLO's names
 RESUME_KEYS = ("train_model", "ema_updates", "optimizer", "scaler", "epoch", "best_fitness", "best_epoch",
                "nonfinite_skipped", "history", "config", "torch_rng")  # ``best_metrics`` stays in lean files
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that is missing, unreadable or lacks required keys."""
 
 
 class NonFiniteCheckpointError(CheckpointError):

@@ -34,7 +34,7 @@ from libreyolo_core.config import TrainConfig
 from libreyolo_core.data.config import DataConfig
 from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint
 
-__all__ = ["Resume", "resume_path", "open_resume", "latest_last_checkpoint", "check_resume_classes",
+__all__ = ["Resume", "resume_path", "open_resume", "load_resume", "latest_last_checkpoint", "check_resume_classes",
            "announce_resume"]
 
 #: The keys a resumed run takes from the call rather than the checkpoint, when given:
@@ -137,8 +137,17 @@ def open_resume(cfg: TrainConfig) -> Resume | None:
         ValueError: the checkpoint has no training state (a lean or inference one).
     """
     path = resume_path(cfg.resume, cfg.project)
-    if path is None:
-        return None
+    return None if path is None else load_resume(path)
+
+
+def load_resume(path: str | Path) -> Resume:
+    """Load the checkpoint at ``path`` (once) as the :class:`Resume` a run continues from.
+
+    Raises:
+        CheckpointError: no such file or not a checkpoint.
+        ValueError: the checkpoint has no training state (a lean or inference one).
+    """
+    path = Path(path)
     ckpt = load_checkpoint(path)
     if "optimizer" not in ckpt or "epoch" not in ckpt:
         raise ValueError(f"{path}: has no training state to resume (a final/inference checkpoint)")

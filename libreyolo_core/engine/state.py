@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-import libreyolo_core
 from libreyolo_core.engine.checkpoint import CheckpointError, refuse_nonfinite
 from libreyolo_core.engine.ema import unwrap
+from libreyolo_core.version import __version__
 
 __all__ = ["TrainState", "fitness"]
 
@@ -75,7 +75,7 @@ class TrainState:
         """
         model, ema, scaler = unwrap(parts.model), parts.ema, parts.amp.scaler
         return {
-            "libreyolo_version": libreyolo_core.__version__,
+            "libreyolo_version": __version__,
             "model_family": meta["model_family"],
             "size": meta["size"],
             "task": "detect",

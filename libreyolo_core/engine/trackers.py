@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.engine import fence
-from libreyolo_core.engine.hooks import HookBase
+from libreyolo_core.engine.hooks.base import HookBase
 
 __all__ = ["TrackerHook", "TensorBoardHook", "MlflowHook", "tracker_hooks", "read_pr_curve",
            "TENSORBOARD_INSTALL", "MLFLOW_INSTALL"]

@@ -2,12 +2,14 @@
 
 One ``Trainer`` runs one training run of one process: the whole run on one device, or
 one rank of a DDP job (torchrun or the spawn launcher; see docs/architecture.md,
-"Multi-device"). It is small on purpose: :func:`~libreyolo_core.engine.build.build_parts`
-makes the parts, :class:`~libreyolo_core.engine.state.TrainState` is what is saved and
-resumed (:mod:`~libreyolo_core.engine.resume` decides what to resume), and the hooks of
-:mod:`~libreyolo_core.engine.hooks` do everything around the step: profiling, validation
-and early stop, checkpoints, progress and events (rank 0), the non-finite guard and the
-mosaic/L1 switch. Families plug in through the ``Family`` contract
+"Multi-device"). It is small on purpose: :func:`~libreyolo_core.engine.run.prepare_run`
+sets the run up (the parts of :func:`~libreyolo_core.engine.build.build_parts`, the resumed
+:class:`~libreyolo_core.engine.state.TrainState`, the run directory and its events) and
+returns a finished :class:`~libreyolo_core.engine.run.Run`; the hooks of
+:mod:`~libreyolo_core.engine.hooks` do everything around the step: profiling (through the
+loader hook point and the phase timer of :mod:`~libreyolo_core.engine.timer`; the trainer
+never names the profiler), validation and early stop, checkpoints, progress and events
+(rank 0), the non-finite guard and the mosaic/L1 switch. Families plug in through the ``Family`` contract
 (``libreyolo_core/models/family.py``: ``build_model``, ``build_loss``, ``preprocess``,
 ``postprocess``, hooks such as ``on_mosaic_disable`` with no-op defaults).
 """
@@ -18,32 +20,24 @@ import contextlib
 import difflib
 import logging
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import yaml
-from torch.nn.parallel import DistributedDataParallel
 
 from libreyolo_core.config import TrainConfig
-from libreyolo_core.data.config import load_data_config
 from libreyolo_core.distributed.context import (
     DistContext,
     all_reduce_sum,
     broadcast_object,
     current_phase,
     destroy_distributed,
-    init_distributed,
     set_phase,
     timeout_error,
 )
-from libreyolo_core.engine import fence
-from libreyolo_core.engine.build import TrainParts, build_parts
+from libreyolo_core.engine.build import TrainParts
 from libreyolo_core.engine.ema import unwrap
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.freeze import keep_frozen_eval
@@ -57,17 +51,16 @@ from libreyolo_core.engine.hooks import (
     default_hooks,
 )
 from libreyolo_core.engine.nonfinite import BatchNormGuard
-from libreyolo_core.engine.profile_hook import build_profiler
-from libreyolo_core.engine.resume import Resume, announce_resume, check_resume_classes, open_resume
-from libreyolo_core.engine.rundir import make_run_dir
+from libreyolo_core.engine.resume import Resume
+from libreyolo_core.engine.run import Run, prepare_run
+from libreyolo_core.engine.signals import install_sigterm
 from libreyolo_core.engine.state import TrainState
-from libreyolo_core.models.registry import parse_model_name
+from libreyolo_core.engine.timer import NULL_TIMER, StepTimer
+from libreyolo_core.models.family import Family
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
 log = logging.getLogger(__name__)
-
-_NULL = contextlib.nullcontext()
 
 
 class TrainingInterrupted(RuntimeError):
@@ -93,7 +86,8 @@ class Trainer:
             ``None`` builds one from the registry.
         callbacks: ``{event: [fn(trainer), ...]}`` for ``on_train_start``,
             ``on_epoch_end``, ``on_train_end`` (called on rank 0 only). A callback reads
-            ``trainer.parts`` (model, loss_fn, optimizer, ema, ...), ``trainer.state``
+            ``trainer.parts`` (model, loss_fn, optimizer, ema, ...; the prepared run's, so
+            not in an ``on_train_end`` after a failed set-up), ``trainer.state``
             (epoch, history, ...) and may call :meth:`request_stop`.
         preflight: the run's preflight estimate
             (:class:`~libreyolo_core.profiler.preflight.PreflightEstimate`), measured before
@@ -117,43 +111,100 @@ class Trainer:
         model: torch.nn.Module | None = None,
         callbacks: dict[str, list[Callable[[Trainer], None]]] | None = None,
         preflight: Any = None,
+        resume: Resume | None = None,
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
         _check_callbacks(callbacks or {})
-        self.cfg = cfg
+        self.cfg = cfg  # the run's config once prepared (a resumed run's: the checkpoint's)
         self.preflight = preflight
         self.callbacks = callbacks or {}
         self._model_in = model  # the network to start from (build_parts may build another)
-        self.parts: TrainParts | None = None  # built in _setup
-        self.state = TrainState()
-        self.resume: Resume | None = None
+        self._resume_in = resume  # the resume checkpoint, when the caller loaded it
+        self._run: Run | None = None  # prepared in _setup
+        self.state = TrainState()  # the run's, once prepared
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
-        self.device: torch.device | None = None
-        self.size = ""
-        self.family: Any = None
-        self.names: dict[int, str] | None = None
-        self.nc = 0
-        self.run_dir: Path | None = None
-        self.events: EventLog | None = None
-        self.bn_guard: BatchNormGuard | None = None
-        self.meter: EpochMeter | None = None  # the epoch being trained
-        self.outcome: EpochOutcome | None = None  # the epoch just completed
-        self.profiler: Any = None  # a TrainingProfiler while its window is open (cfg.profile)
-        self.profile_summary: dict[str, Any] | None = None
-        self.profile_only = False
+        self.meter = EpochMeter(0, (), lr=0.0)  # the epoch being trained
+        self.outcome = EpochOutcome(-1, {}, 0.0, 0.0)  # the epoch just completed
+        self.timer: StepTimer = NULL_TIMER  # times the step's phases (a profile window's hook swaps it)
+        self.extra_result: dict[str, Any] = {}  # what hooks add to the result (``profile``)
+        self.quiet_progress = False  # a hook reports this epoch's progress itself
+        self.stop_is_success = False  # a hook's stop ends the run as succeeded (profile-only)
         self.stop_requested = False
         self.stop_reason = ""
-        self.status, self.error = "failed", None  # how the run ended (read by after_train)
+        self.status = "failed"  # how the run ended (read by after_train)
+        self.error: str | None = None
         self._stop_agreed = False  # under DDP: every rank knows a stop was requested
         self._owns_process_group = False
         self._t_train_start = 0.0
         self._in_setup = False  # SIGTERM during set-up stops at once (nothing to save yet)
-        # until the rank is known (set-up), a failure still reaches on_train_end
+        # until the run is prepared, a failure still reaches on_train_end
         self.hooks: list[HookBase] = [CallbackHook(self.callbacks)]
         self.hooks[0].trainer = self
         self.guard = NonFiniteGuard()
         self.watchdog: Any = None  # the hang watchdog while it runs (WatchdogHook)
+
+    # -- the prepared run -------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        """The prepared :class:`~libreyolo_core.engine.run.Run`.
+
+        Raises:
+            RuntimeError: asked before the set-up prepared it.
+        """
+        if self._run is None:
+            raise RuntimeError("the run is not prepared yet (Trainer.train prepares it)")
+        return self._run
+
+    @property
+    def parts(self) -> TrainParts:
+        """The run's parts (model, loss_fn, optimizer, ema, loaders, ...)."""
+        return self.run.parts
+
+    @property
+    def resume(self) -> Resume | None:
+        """The checkpoint the run continues from, None for a new run."""
+        return self.run.resume
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory."""
+        return self.run.run_dir
+
+    @property
+    def events(self) -> EventLog:
+        """The run's ``events.jsonl`` (a disabled log on ranks other than 0)."""
+        return self.run.events
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process trains on."""
+        return self.run.device
+
+    @property
+    def family(self) -> Family:
+        """The model's family."""
+        return self.run.family
+
+    @property
+    def size(self) -> str:
+        """The model's size code (``"t"``)."""
+        return self.run.size
+
+    @property
+    def names(self) -> dict[int, str]:
+        """The dataset's classes, id -> name."""
+        return self.run.names
+
+    @property
+    def nc(self) -> int:
+        """The number of classes."""
+        return self.run.nc
+
+    @property
+    def bn_guard(self) -> BatchNormGuard:
+        """Restores BatchNorm's statistics after a skipped step."""
+        return self.run.bn_guard
 
     # -- stop requests ----------------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -165,108 +216,44 @@ class Trainer:
         travels with the per-step reduction), so all ranks leave the loop at the same step."""
         return self._stop_agreed if self.dist.enabled else self.stop_requested
 
-    def _install_sigterm(self):
-        """SIGTERM requests a stop (main thread only). A Python handler it replaces is called
-        too: a caller running this trainer inside a longer job (a tune's trials, a
-        preflight) learns of the stop even when it lands after the profile window."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        outer = signal.getsignal(signal.SIGTERM)
-
-        def handler(signum, frame):
-            if self._in_setup:  # nothing trained, nothing to save: stop now, not after a scan
-                log.warning("SIGTERM received during set-up (%s): stopping", current_phase())
-                self.request_stop("SIGTERM")
-                if callable(outer):
-                    outer(signum, frame)
-                raise TrainingInterrupted("SIGTERM")
-            log.warning("SIGTERM received: finishing the current step, then saving last.pt")
+    def _on_sigterm(self) -> None:
+        """SIGTERM requests a stop (the handler :meth:`train` installs, chained to the one it
+        replaces: a caller running this trainer inside a longer job, a tune's trials or a
+        preflight, learns of the stop even when it lands after the profile window)."""
+        if self._in_setup:  # nothing trained, nothing to save: stop now, not after a scan
+            log.warning("SIGTERM received during set-up (%s): stopping", current_phase())
             self.request_stop("SIGTERM")
-            if callable(outer):
-                outer(signum, frame)
-
-        return signal.signal(signal.SIGTERM, handler)
+            raise TrainingInterrupted("SIGTERM")
+        log.warning("SIGTERM received: finishing the current step, then saving last.pt")
+        self.request_stop("SIGTERM")
 
     # -- set-up -----------------------------------------------------------------------
     def _setup(self) -> None:
-        set_phase("set-up (process group, data scan, model)")
-        self.resume = open_resume(self.cfg)
-        if self.resume is not None:  # continue with the checkpoint's config
-            self.cfg = self.resume.config(self.cfg)
-        cfg = self.cfg
-        owned = not (dist.is_available() and dist.is_initialized())
-        self.dist, self.device = init_distributed(cfg.device)
-        self._owns_process_group = owned and self.dist.enabled
+        """Prepare the run (:func:`~libreyolo_core.engine.run.prepare_run`) and build this
+        rank's hooks (:func:`~libreyolo_core.engine.hooks.default_hooks`)."""
+        run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in, on_dist=self._joined)
+        self._run = run
+        self.cfg, self.state = run.cfg, run.state
         self.hooks = default_hooks(self, self.callbacks)
         self.guard = next(h for h in self.hooks if isinstance(h, NonFiniteGuard))
-        self.family, self.size = parse_model_name(cfg.model)
-        torch.manual_seed(cfg.seed)
 
-        data = load_data_config(cfg.data)  # every rank scans: the reports are cheap and identical
-        if not data.train:
-            raise ValueError(f"{data.yaml_path}: key 'train' is missing")
-        if self.resume is not None:  # before the scan: a class mismatch is known from the yaml alone
-            check_resume_classes(self.resume.ckpt, self.resume.path, data)
-        self.names, self.nc = dict(data.names), len(data.names)
-        arch = self.resume.arch(self.family) if self.resume is not None else None
-        self.parts = parts = build_parts(cfg, family=self.family, size=self.size, data=data,
-                                         dist=self.dist, device=self.device, model=self._model_in, arch=arch)
-        if cfg.profile:
-            self.profiler = build_profiler(cfg, parts, dist=self.dist, device=self.device, title=self.title,
-                                           epochs_done=self.resume.epochs_done if self.resume else 0)
-        if self.resume is not None:
-            self._load_resume()
-        self.bn_guard = BatchNormGuard(parts.model)  # a skipped step leaves BatchNorm as it was
-        if self.dist.enabled:
-            set_phase("DDP start-up (every rank waits until all have scanned the dataset and built "
-                      "the model, then rank 0's weights are broadcast)")
-            cuda = self.device.type == "cuda"
-            parts.model = DistributedDataParallel(
-                parts.model, device_ids=[self.device.index] if cuda else None,
-                output_device=self.device.index if cuda else None, find_unused_parameters=False)
-            if parts.compiled is not None:  # torch.compile(DDP(model)): PyTorch's order
-                parts.compiled.module = parts.model
-        self._open_run_dir()
-
-    def _load_resume(self) -> None:
-        set_phase("loading the resumed checkpoint")
-        r, parts = self.resume, self.parts
-        self.state.load(r.ckpt, parts, path=r.path, title=self.title,
-                        restore_rng=self.dist.is_main)  # other ranks keep their seed + rank
-        step = self.state.start_epoch * parts.steps_per_epoch
-        announce_resume(r, start_epoch=self.state.start_epoch, epochs=self.cfg.epochs,
-                        lr=parts.schedule.lr(step), step=step, schedule=parts.schedule.kind,
-                        main=self.dist.is_main)
-
-    def _open_run_dir(self) -> None:
-        """Rank 0 chooses the run directory (a resumed run's own) and tells the others; it
-        alone writes in it (``events.jsonl``, ``args.yaml``)."""
-        main = self.dist.is_main
-        set_phase("opening the run directory (rank 0 creates it, the other ranks wait)")
-        if main:
-            run_dir = (self.resume.run_dir if self.resume is not None
-                       else make_run_dir(self.cfg.project, self.cfg.name, self.cfg.exist_ok))
-        self.run_dir = Path(broadcast_object(str(run_dir) if main else None, self.dist))
-        self.events = EventLog(self.run_dir / "events.jsonl" if main else None)
-        if main:
-            fence.check("args.yaml")  # an attempt given up writes nothing
-            (self.run_dir / "args.yaml").write_text(
-                yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    def _joined(self, ctx: DistContext, owned: bool) -> None:
+        """The set-up knows the process's rank (``owned``: it started the process group)."""
+        self.dist, self._owns_process_group = ctx, owned
 
     @property
     def title(self) -> str:
         """The model's name, ``"YOLOv9-t"``."""
-        return f"{self.family.title}-{self.size}"
+        return self.run.title
 
     def meta(self) -> dict[str, Any]:
         """The checkpoint's model metadata: ``model_family``, ``size``, ``nc``, ``names``, ``imgsz``."""
-        return {"model_family": self.family.name, "size": self.size, "nc": self.nc, "names": self.names,
-                "imgsz": self.cfg.imgsz}
+        return self.run.meta()
 
     # -- the loop ---------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """Run the whole schedule; returns the final metrics (see :meth:`_result`)."""
-        previous = self._install_sigterm()
+        restore = install_sigterm(self._on_sigterm)
         self._t_train_start = time.perf_counter()
         try:
             self._in_setup = True
@@ -288,8 +275,7 @@ class Trainer:
                 raise timeout from exc
             raise
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            restore()
             self._call("after_train")
             if self._owns_process_group:
                 destroy_distributed()
@@ -309,7 +295,7 @@ class Trainer:
             losses, lr = self._train_epoch(epoch)
             set_phase(f"end of epoch {epoch + 1} (rank 0 validates and saves, the other ranks wait)")
             if self.stopping():
-                if self.profile_only:  # the truncated epoch is neither validated nor saved
+                if self.stop_is_success:  # the truncated epoch is neither validated nor saved
                     return "succeeded"
                 self._call("on_interrupt")
                 raise TrainingInterrupted(self.stop_reason, self.run_dir / "weights" / "last.pt")
@@ -354,8 +340,9 @@ class Trainer:
         parts.train_loader.sampler.set_epoch(epoch)
         self.meter = EpochMeter(len(parts.train_loader), parts.item_names, lr=parts.optimizer.param_groups[0]["lr"])
         parts.optimizer.zero_grad(set_to_none=True)
-        loader = parts.train_loader
-        batches = loader if self.profiler is None else self.profiler.wrap_loader(loader)
+        batches: Iterable[Any] = parts.train_loader
+        for hook in self.hooks:  # the loader hook point
+            batches = hook.wrap_loader(batches)
         for i, batch in enumerate(batches):
             self.meter.step = i
             if i == 0:
@@ -391,9 +378,9 @@ class Trainer:
             self._optimizer_step()
         return True
 
-    def phase(self, name: str):
-        """The profiler's context for phase ``name`` while its window is open, else a null context."""
-        return _NULL if self.profiler is None else self.profiler.phase(name)
+    def phase(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """The timer's context for phase ``name`` (a shared null context outside a profile window)."""
+        return self.timer.phase(name)
 
     def _forward(self, imgs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Network and loss under autocast. With a CUDA-graph manager the network replays
@@ -490,7 +477,7 @@ class Trainer:
             "nonfinite_skipped": st.nonfinite_skipped,
             "amp_skipped": st.amp_skipped,
             "timing": self.timing(),
-            **({"profile": self.profile_summary} if self.profile_summary else {}),
+            **self.extra_result,
             **({"preflight": self.preflight.to_dict()} if self.preflight is not None else {}),
         }
 

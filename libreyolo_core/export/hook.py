@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.engine import fence
-from libreyolo_core.engine.hooks import HookBase
+from libreyolo_core.engine.hooks.base import HookBase
 from libreyolo_core.records.events import ArtifactEvent
 
 __all__ = ["ExportHook"]

@@ -37,17 +37,16 @@ import json
 import logging
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from libreyolo_core.engine.signals import install_sigterm
 from libreyolo_core.profiler.record import ProfileRecord
 from libreyolo_core.records.events import RunStartEvent
 
@@ -281,7 +280,7 @@ def estimate(phases: list[Phase], *, train_images: int, batch: int, validations:
     if batch < 1 or train_images < 1:
         raise ValueError(f"batch={batch} and train_images={train_images} must be >= 1")
     steps = train_images // batch if train_images >= batch else 1
-    rows = []
+    rows: list[dict[str, Any]] = []
     more = list(notes)
     by_name = {ph.name: _step_ms(ph.profile) for ph in phases}
     for ph in phases:
@@ -339,14 +338,10 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.set = False
-        self.previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._handler)
+        self.restore = install_sigterm(self._handler)  # restore(): the previous handler back
 
-    def _handler(self, signum: int, frame: Any) -> None:
+    def _handler(self) -> None:
         self.set = True
-        if callable(self.previous):
-            self.previous(signum, frame)
 
     def check(self) -> None:
         """Raise TrainingInterrupted when SIGTERM came."""
@@ -354,11 +349,6 @@ class _StopFlag:
             from libreyolo_core.engine.trainer import TrainingInterrupted
 
             raise TrainingInterrupted("SIGTERM", None)
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-            self.previous = None
 
 
 class _Take:
@@ -482,7 +472,7 @@ def run_preflight(model: str, cfg: Any, *, workdir: str | Path | None = None,
         return None
     t0 = time.perf_counter()
     wall0 = time.time()
-    images = len(load_data_config(cfg.data).train)
+    images = len(load_data_config(cfg.data).train or ())
     available = images // cfg.batch if images >= cfg.batch else 1
     fit = _fit(available, WARMUP, STEPS, accumulate_steps(cfg.batch, cfg.nbs))
     if fit is None:

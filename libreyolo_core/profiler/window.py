@@ -307,7 +307,7 @@ class TrainingProfiler:
         self.done = False
         self._current = StepRecord(0, self._kind(0))
         self._fetch_start: float | None = None
-        self._torch_prof = None
+        self._torch_prof: Any = None  # torch.profiler.profile while the trace runs
         self._trace_dir: str | None = None
         self._trace_file: str | None = None
         self.trace_error: str | None = None

@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "inspect":
         print("usage: python -m libreyolo_core.weights inspect PATH", file=sys.stderr)
         return 2
-    from libreyolo_core.engine.checkpoint import CheckpointError
     from libreyolo_core.weights import inspect_weights
+    from libreyolo_core.weights.errors import CheckpointError
 
     try:
         info = inspect_weights(args[1])

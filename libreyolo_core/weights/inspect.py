@@ -72,7 +72,7 @@ def inspect_weights(path: str | Path) -> WeightsInfo:
 
     import torch
 
-    from libreyolo_core.engine.checkpoint import CheckpointError
+    from libreyolo_core.weights.errors import CheckpointError
     from libreyolo_core.weights.load import load_weights
 
     path = Path(path)

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo_core.engine.checkpoint import CheckpointError
 from libreyolo_core.models.family import Family
 from libreyolo_core.models.registry import families, get_family, list_models
+from libreyolo_core.weights.errors import CheckpointError
 from libreyolo_core.weights.names import (
     LIBREYOLO_AUX_PREFIXES,
     is_libreyolo_yolo9,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from libreyolo_core.engine.checkpoint import CheckpointError
+from libreyolo_core.weights.errors import CheckpointError
 
 __all__ = ["read_torch_file", "plain", "pickled_globals"]
 

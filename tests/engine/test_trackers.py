@@ -133,10 +133,10 @@ def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch)
         CallbackHook,
         CheckpointHook,
         NonFiniteGuard,
+        ProgressHook,
         ReportHook,
         default_hooks,
     )
-    from libreyolo_core.engine.progress import ProgressHook
     from libreyolo_core.engine.trackers import MlflowHook, TensorBoardHook
     from libreyolo_core.export.hook import ExportHook
 

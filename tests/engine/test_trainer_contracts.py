@@ -27,13 +27,13 @@ from libreyolo_core.engine.hooks import (
     HookBase,
     MosaicSwitchHook,
     NonFiniteGuard,
+    ProfilerHook,
+    ProgressHook,
     ReportHook,
     ValidationHook,
     WatchdogHook,
     default_hooks,
 )
-from libreyolo_core.engine.profile_hook import ProfilerHook
-from libreyolo_core.engine.progress import ProgressHook
 from libreyolo_core.engine.resume import Resume, open_resume, resume_path
 from libreyolo_core.engine.state import TrainState
 
