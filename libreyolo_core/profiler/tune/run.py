@@ -6,18 +6,18 @@ every configuration (:func:`run_tune`). The package docstring describes the step
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
-import signal
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from libreyolo_core.engine.signals import install_sigterm
 from libreyolo_core.profiler.tune.levers import TuneOptions, candidate_levers, judgement
 from libreyolo_core.profiler.tune.record import (
     TUNE_NAME,
@@ -185,7 +185,7 @@ class _Tuner:
         """Aggregate ``cfg``'s trials so far into ``profile_repeat.json`` and its epoch time
         (also for a configuration a stop cut short: what was measured is kept)."""
         from libreyolo_core.profiler.artifacts import write_json
-        from libreyolo_core.profiler.cli import aggregate
+        from libreyolo_core.profiler.repeat import aggregate
 
         profiles = [r.profile for r in cfg.results]
         paths = [str(r.profile_path) for r in cfg.results]
@@ -311,7 +311,7 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
     state.window = fit
     cuda = str(resolved.get("device", "auto")) not in ("cpu", "mps") and _cuda_available()
     tuner.trace = cuda  # a GPU verdict needs the trace's utilisation; a CPU one does not
-    previous = _install_sigterm(tuner)
+    restore = install_sigterm(functools.partial(_on_sigterm, tuner), chain=False)
     emit(RunStartEvent(config=base_keys, run_dir=str(run_dir.resolve()), tune=opt.to_dict()))
     state.configs.append(Configuration("baseline", "baseline", {},
                                        why="the configuration as given"))
@@ -334,8 +334,7 @@ def run_tune(data: str | Path, model: str = "yolo9-t", *, run_dir: str | Path,
         emit(RunEndEvent(status=status, error=error))
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore()
     res = _finish(tuner, run_dir, status, error)
     tuner.say(format_tune(res))
     return res.to_dict()
@@ -421,15 +420,10 @@ def _bf16() -> bool:
         return False
 
 
-def _install_sigterm(tuner: _Tuner) -> Any:
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
-        tuner.stop_requested = True
-        print("SIGTERM received: the tune stops before the next trial", file=sys.stderr, flush=True)
-
-    return signal.signal(signal.SIGTERM, handler)
+def _on_sigterm(tuner: _Tuner) -> None:
+    """SIGTERM during a tune: the loop stops before the next trial (``tune.json`` is kept)."""
+    tuner.stop_requested = True
+    print("SIGTERM received: the tune stops before the next trial", file=sys.stderr, flush=True)
 
 
 def _combination(configs: Sequence[Configuration]) -> Configuration | None:
