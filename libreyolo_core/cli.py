@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from libreyolo_core.cli_errors import UsageError
 from libreyolo_core.records.job import JOB_KINDS, JobSpec
 
 #: Python's own warning format (dataset warnings get a shorter one, see :func:`main`)
@@ -31,10 +32,6 @@ _python_format_warning = warnings.formatwarning
 __all__ = ["main", "parse_args", "UsageError"]
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_DATA, EXIT_MODEL, EXIT_SIGTERM = 0, 1, 2, 3, 4, 143
-
-
-class UsageError(ValueError):
-    """Bad command line: unknown command or key, malformed argument."""
 
 
 COMMAND_KEYS: dict[str, set[str]] = {

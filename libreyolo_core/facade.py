@@ -15,24 +15,15 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from libreyolo_core.config import resolve_config
 from libreyolo_core.distributed.context import torchrun_env
-from libreyolo_core.distributed.device import parse_devices
-from libreyolo_core.engine.checkpoint import load_checkpoint
-from libreyolo_core.engine.ema import unwrap
-from libreyolo_core.models.registry import get_family, parse_model_name
-from libreyolo_core.weights.load import LoadedWeights, load_weights
-from libreyolo_core.weights.transfer import transfer_weights
-
-if TYPE_CHECKING:
-    from libreyolo_core.engine.resume import Resume
+from libreyolo_core.predict import Prediction, as_rgb
+from libreyolo_core.weights.detector import Detector, is_weights_path
 
 __all__ = ["LibreYOLO", "Prediction", "is_weights_path"]
 
@@ -42,39 +33,7 @@ log = logging.getLogger(__name__)
 PREDICT_BATCH = 16
 
 
-@dataclass
-class Prediction:
-    """Detections of one image, in that image's original pixels.
-
-    Attributes:
-        boxes: (n, 4) float32 xyxy pixels.
-        scores: (n,) float32 in [0, 1].
-        classes: (n,) int64 class ids.
-        names: class name of each detection (length n).
-        path: source file, or ``None`` for in-memory images.
-        orig_shape: (height, width) of the source image.
-    """
-
-    boxes: np.ndarray
-    scores: np.ndarray
-    classes: np.ndarray
-    names: list[str]
-    path: str | None
-    orig_shape: tuple[int, int]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-
-def is_weights_path(model: str | Path) -> bool:
-    """True when ``model`` names a weights file (``.pt`` / ``.pth`` or an existing file)
-    rather than a registry name like ``yolo9-t``."""
-    text = str(model)
-    return text.endswith((".pt", ".pth")) or Path(text).is_file()
-
-
-class LibreYOLO:
+class LibreYOLO(Detector):
     """A detector of a registered family, built from a name or from a checkpoint.
 
     Args:
@@ -89,31 +48,6 @@ class LibreYOLO:
     Raises:
         ModelNameError: unknown model name. CheckpointError: bad or unsafe weights file.
     """
-
-    def __init__(self, model: str | Path = "yolo9-t", nc: int = 80, names: dict[int, str] | None = None,
-                 expect: str | None = None):
-        self.checkpoint: Path | None = None
-        self.weights_format: str | None = None
-        if is_weights_path(model):
-            self._adopt(load_weights(model, expect=expect))
-        else:
-            text = str(model)
-            self.family, self.size = parse_model_name(text)
-            self.nc = nc
-            self.names = dict(names) if names else {i: str(i) for i in range(nc)}
-            self.model = self.family.build_model(self.size, nc)
-            self.imgsz = self.family.sizes[self.size]
-        self.name = f"{self.family.name}-{self.size}"
-        self.model.eval()
-
-    def _adopt(self, weights: LoadedWeights) -> None:
-        """Become the model stored in ``weights`` (family, size, classes, weights)."""
-        self.family, self.size = get_family(weights.family), weights.size
-        self.nc, self.names = weights.nc, dict(weights.names)
-        self.model = weights.build()
-        self.imgsz = weights.imgsz or self.family.sizes[self.size]
-        self.checkpoint, self.weights_format = weights.path, weights.format
-        self.name = f"{self.family.name}-{self.size}"
 
     def __repr__(self) -> str:
         src = f", checkpoint={str(self.checkpoint)!r}" if self.checkpoint else ""
@@ -150,57 +84,9 @@ class LibreYOLO:
             RuntimeError: an unpicklable callback (several devices).
             TrainingInterrupted: SIGTERM; ``last.pt`` was saved first.
         """
-        from libreyolo_core.data.config import load_data_config
-        from libreyolo_core.engine.trainer import Trainer
+        from libreyolo_core.engine.train_run import train_run
 
-        resumed = self._resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
-        if resumed is not None:
-            path, ckpt = resumed.path, resumed.ckpt
-            if (ckpt["model_family"], ckpt["size"]) != (self.family.name, self.size):
-                log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
-                         ckpt["size"])
-                self._adopt(load_weights(path))
-            if data is None:
-                data = ckpt.get("config", {}).get("data") or ""
-        if data is None:
-            raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
-        cfg = resolve_config({"model": self.name, "data": str(data), **overrides})
-        data_cfg = load_data_config(cfg.data or str(data))
-        if resumed is not None:  # another class count cannot resume: say so before any work
-            from libreyolo_core.engine.resume import check_resume_classes
-
-            check_resume_classes(resumed.ckpt, resumed.path, data_cfg)
-        names = data_cfg.names
-        if self.checkpoint is None:
-            # Fresh weights: build them under the run's seed, so a seeded run repeats.
-            torch.manual_seed(cfg.seed)
-            self.model, self.nc = self.family.build_model(self.size, len(names)), len(names)
-        elif len(names) != self.nc:
-            # fresh class layers under the run's seed; the rest (and the class-tower width)
-            # come from the weights
-            source = self.model.state_dict()
-            torch.manual_seed(cfg.seed)
-            fresh = self.family.build_model(self.size, len(names), **self.family.arch_from_state(source))
-            report = transfer_weights(fresh, source)
-            log.info("class count %d -> %d: %s", self.nc, len(names), report.summary())
-            self.model, self.nc = fresh, len(names)
-        self.names = dict(names)
-        devices = parse_devices(cfg.device)
-        preflight = self._preflight(cfg, devices, resumed is not None)
-        if len(devices) > 1 and torchrun_env() is None:
-            result = self._train_spawned(cfg, devices, callbacks)
-        else:
-            trainer = Trainer(cfg, model=self.model, callbacks=callbacks, preflight=preflight,
-                              resume=resumed)
-            result = trainer.train()
-            self.model = unwrap(trainer.parts.model)
-        best = Path(result["best_checkpoint"])
-        if best.is_file():
-            self.model.load_state_dict(load_checkpoint(best)["model"])
-            self.checkpoint = best
-        self.imgsz = cfg.imgsz
-        self.model.eval()
-        return result
+        return train_run(self, data, callbacks, preflight=self._preflight, **overrides)
 
     def _preflight(self, cfg: Any, devices: list[str], resumed: bool) -> Any:
         """The preflight estimate of ``cfg`` when it asks for one (``preflight=True``): one
@@ -222,57 +108,6 @@ class LibreYOLO:
 
         model = str(self.checkpoint) if self.checkpoint is not None else self.name
         return run_preflight(model, cfg)  # raises TrainingInterrupted on SIGTERM
-
-    def _train_spawned(self, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
-        """The spawn path: autobatch in this process, then one DDP worker per device
-        (``devices`` as :func:`parse_devices` gives them; ``["cpu", "cpu"]`` runs Gloo)."""
-        from libreyolo_core.distributed.autobatch import autobatch
-        from libreyolo_core.distributed.spawn import (
-            GUARD_MESSAGE,
-            MainGuardError,
-            in_spawned_bootstrap,
-            spawn_train,
-        )
-        from libreyolo_core.engine.amp import resolve_amp
-
-        if in_spawned_bootstrap():
-            raise MainGuardError(GUARD_MESSAGE)
-        if not self.family.spawn:
-            raise RuntimeError(f"{self.family.title} cannot spawn DDP workers; launch one process per GPU with "
-                               f"`torchrun --nproc_per_node={len(devices)} -m libreyolo_core.cli train ...`")
-        world_size = len(devices)
-        if cfg.batch == -1:
-            first = torch.device(devices[0])
-            try:
-                self.model.to(first)
-                amp = resolve_amp(cfg.amp, cfg.amp_dtype, first)
-                batch = autobatch(self.model, cfg.imgsz, first, world_size, cfg.nbs, autocast=amp.autocast)
-            finally:
-                self.model.to("cpu")
-            cfg = cfg.model_copy(update={"batch": batch})
-        ids = None
-        if devices[0].startswith("cuda"):
-            ids = [int(d.split(":")[1]) for d in devices]
-            # the workers see only the chosen GPUs, renumbered from 0
-            cfg = cfg.model_copy(update={"device": ",".join(str(i) for i in range(world_size))})
-        else:
-            cfg = cfg.model_copy(update={"device": "cpu"})
-        return spawn_train(cfg, world_size, model=self.model, nc=self.nc, callbacks=callbacks, cuda_ids=ids)
-
-    @staticmethod
-    def _resume_checkpoint(resume: Any, project: str) -> Resume | None:
-        """The checkpoint a ``resume`` continues, loaded once (its model and dataset are the
-        defaults of the resumed run; the trainer continues from it without reading it
-        again), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`).
-
-        Raises:
-            CheckpointError: no such file, not a checkpoint, or no ``last.pt`` to find.
-            ValueError: the checkpoint has no training state.
-        """
-        from libreyolo_core.engine.resume import load_resume, resume_path
-
-        path = resume_path(resume, project)
-        return None if path is None else load_resume(path)
 
     # -- validation -----------------------------------------------------------------------
     def val(
@@ -460,16 +295,7 @@ class LibreYOLO:
                 saver.close()
             self.model.cpu()
 
-    @staticmethod
-    def _as_rgb(item: Any) -> np.ndarray:
-        if hasattr(item, "convert"):  # PIL image
-            return np.asarray(item.convert("RGB"))
-        arr = np.asarray(item)
-        if arr.ndim == 2:
-            arr = np.repeat(arr[..., None], 3, axis=2)
-        if arr.ndim != 3 or arr.shape[2] not in (3, 4):
-            raise ValueError(f"an image array must be (H, W, 3) RGB uint8, got shape {arr.shape}")
-        return np.ascontiguousarray(arr[..., :3].astype(np.uint8))
+    _as_rgb = staticmethod(as_rgb)
 
     # -- export ---------------------------------------------------------------------------
     def export(
@@ -509,34 +335,13 @@ class LibreYOLO:
                 saying what to install) or the exporter failing. ExportCheckError: the file's
                 outputs differ from PyTorch's beyond tolerance (no file is left).
         """
-        from libreyolo_core.export import EXPORT_FORMATS
-        from libreyolo_core.export.onnx import export_onnx
+        from libreyolo_core.export.model import export_detector
 
-        if str(format).lower() not in EXPORT_FORMATS:
-            raise ValueError(f"format={format!r}: choose one of {', '.join(EXPORT_FORMATS)}")
-        if file is None:
-            file = self.checkpoint.with_suffix(".onnx") if self.checkpoint else Path(f"{self.name}.onnx")
-        return export_onnx(self.model, self.family, file, names=self.names, model_name=self.name,
-                           imgsz=self._inference_size(imgsz), dynamic=dynamic, half=half, opset=opset,
-                           nms=nms, simplify=simplify, conf=conf, iou=iou, max_det=max_det,
-                           batch=batch)
+        return export_detector(self, format=format, file=file, imgsz=imgsz, dynamic=dynamic, half=half,
+                               opset=opset, nms=nms, simplify=simplify, conf=conf, iou=iou,
+                               max_det=max_det, batch=batch)
 
     # -- misc -------------------------------------------------------------------------------
-    def _inference_size(self, imgsz: int | None) -> int:
-        """``imgsz`` (default: the training size) rounded up to a multiple of the family's
-        stride, with a warning (as Ultralytics does): the feature maps of the levels must
-        line up for the neck to concatenate them."""
-        size = int(self.imgsz if imgsz is None else imgsz)
-        stride = self.family.stride
-        if size < stride:
-            raise ValueError(f"imgsz={size} must be >= {stride} (pixels)")
-        if size % stride:
-            fixed = -(-size // stride) * stride
-            log.warning("imgsz=%d is not a multiple of %s's stride %d; using imgsz=%d", size, self.name,
-                        stride, fixed)
-            size = fixed
-        return size
-
     def info(self, imgsz: int | None = None) -> dict[str, Any]:
         """Parameter count and GFLOPs (2 x MAC) at ``imgsz`` (rounded up to a multiple of the
         stride); the size used is returned as ``imgsz``."""

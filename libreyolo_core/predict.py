@@ -23,7 +23,7 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,51 @@ import numpy as np
 from libreyolo_core.data.config import is_image_file
 
 __all__ = ["SourceError", "Source", "expand_source", "iter_frames", "total_frames", "PredictSaver",
-           "annotate", "VIDEO_EXTENSIONS"]
+           "annotate", "VIDEO_EXTENSIONS", "Prediction", "as_rgb"]
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv"})
+
+
+@dataclass
+class Prediction:
+    """Detections of one image, in that image's original pixels.
+
+    Attributes:
+        boxes: (n, 4) float32 xyxy pixels.
+        scores: (n,) float32 in [0, 1].
+        classes: (n,) int64 class ids.
+        names: class name of each detection (length n).
+        path: source file, or ``None`` for in-memory images.
+        orig_shape: (height, width) of the source image.
+    """
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    names: list[str]
+    path: str | None
+    orig_shape: tuple[int, int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def as_rgb(item: Any) -> np.ndarray:
+    """``item`` (a PIL image, or an (H, W), (H, W, 3) or (H, W, 4) array) as a contiguous
+    (H, W, 3) uint8 RGB array.
+
+    Raises:
+        ValueError: an array of another shape.
+    """
+    if hasattr(item, "convert"):  # PIL image
+        return np.asarray(item.convert("RGB"))
+    arr = np.asarray(item)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[..., None], 3, axis=2)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4):
+        raise ValueError(f"an image array must be (H, W, 3) RGB uint8, got shape {arr.shape}")
+    return np.ascontiguousarray(arr[..., :3].astype(np.uint8))
 
 
 class SourceError(ValueError):

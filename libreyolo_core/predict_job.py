@@ -55,7 +55,7 @@ def run_predict_job(spec: JobSpec) -> int:
         FileNotFoundError, DataConfigError, SourceError: a source that cannot be read.
         WeightsError: a model file that cannot be loaded.
     """
-    from libreyolo_core.cli import UsageError
+    from libreyolo_core.cli_errors import UsageError
     from libreyolo_core.facade import LibreYOLO
 
     params = dict(spec.params)

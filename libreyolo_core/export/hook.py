@@ -42,9 +42,10 @@ class ExportHook(HookBase):
             record = target.with_name(target.name + ".json")
             fence.check(f"weights/{target.name}")  # an attempt given up writes nothing
             try:
-                from libreyolo_core.facade import LibreYOLO
+                from libreyolo_core.export.model import export_detector
+                from libreyolo_core.weights.detector import Detector
 
-                result = LibreYOLO(best).export(format=fmt, file=target, imgsz=t.cfg.imgsz)
+                result = export_detector(Detector(best), format=fmt, file=target, imgsz=t.cfg.imgsz)
                 fence.check(f"weights/{record.name}", leftover=target)  # the export took a while
                 record.write_text(json.dumps(result.to_dict() | {"path": f"weights/{target.name}"}),
                                   encoding="utf-8")

@@ -3,7 +3,7 @@
 :class:`OnnxDetector` is the ONNX twin of :meth:`LibreYOLO.predict
 <libreyolo_core.facade.LibreYOLO.predict>`: the same letterbox, the same family
 post-processing (``raw`` layout) or the graph's own NMS (``nms`` layout), the same
-:class:`~libreyolo_core.facade.Prediction` objects. The family, classes and size come from
+:class:`~libreyolo_core.predict.Prediction` objects. The family, classes and size come from
 the file's metadata (:func:`~libreyolo_core.export.onnx.read_metadata`).
 """
 
@@ -70,16 +70,15 @@ class OnnxDetector:
     def predict(self, source: Any, conf: float = 0.25, iou: float = 0.45, imgsz: int | None = None,
                 max_det: int = 300) -> list[Any]:
         """Detect objects in ``source`` (as :meth:`LibreYOLO.predict`); one
-        :class:`~libreyolo_core.facade.Prediction` per image, boxes in original pixels.
+        :class:`~libreyolo_core.predict.Prediction` per image, boxes in original pixels.
         A static export runs at its own ``imgsz`` only."""
         from libreyolo_core.data.augment import letterbox
-        from libreyolo_core.facade import LibreYOLO, Prediction
         from libreyolo_core.models.postprocess import scale_boxes
-        from libreyolo_core.predict import expand_source, iter_frames
+        from libreyolo_core.predict import Prediction, as_rgb, expand_source, iter_frames
 
         size = int(imgsz or self.imgsz)
         out = []
-        for img, src, _frame, _fps in iter_frames(expand_source(source), LibreYOLO._as_rgb):
+        for img, src, _frame, _fps in iter_frames(expand_source(source), as_rgb):
             h0, w0 = img.shape[:2]
             canvas, _, ratio, pad = letterbox(img, size)
             x = np.ascontiguousarray(canvas.transpose(2, 0, 1))[None]

@@ -222,10 +222,10 @@ def test_facade_spawn_path_loads_rank0_best_weights_and_runs_callbacks_on_rank0(
                                                                              monkeypatch):
     # Two GPUs cannot exist here: the device list "0,1" is answered with two CPU devices;
     # everything after that (autobatch check, spawn, Gloo DDP, loading back) is real.
-    import libreyolo_core.facade as facade
+    import libreyolo_core.engine.train_run as train_run
 
-    real = facade.parse_devices
-    monkeypatch.setattr(facade, "parse_devices", lambda d: ["cpu", "cpu"] if d == "0,1" else real(d))
+    real = train_run.parse_devices
+    monkeypatch.setattr(train_run, "parse_devices", lambda d: ["cpu", "cpu"] if d == "0,1" else real(d))
     record = tmp_path / "epochs.txt"
     yolo = LibreYOLO("yolo9-t")
     result = yolo.train(data=sample_yaml, project=tmp_path / "runs", callbacks={

@@ -1,0 +1,176 @@
+"""One way into a training run: :func:`train_run` takes a
+:class:`~libreyolo_core.weights.detector.Detector` and training keys, resolves them once,
+loads a resumed run's checkpoint once, fits the class layers to the dataset, and trains in this
+process (one rank under torchrun) or in one spawned DDP worker per device.
+
+:meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>` and the profiler's trial
+(:func:`~libreyolo_core.profiler.trial.run_trial`) both call it; the trial so no longer
+imports the facade. The preflight is the caller's (a function given as ``preflight``): it runs
+trials itself, so the engine does not import it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from libreyolo_core.config import resolve_config
+from libreyolo_core.distributed.context import torchrun_env
+from libreyolo_core.distributed.device import parse_devices
+from libreyolo_core.engine.checkpoint import load_checkpoint
+from libreyolo_core.engine.ema import unwrap
+from libreyolo_core.weights.load import load_weights
+from libreyolo_core.weights.transfer import transfer_weights
+
+if TYPE_CHECKING:
+    from libreyolo_core.engine.resume import Resume
+    from libreyolo_core.weights.detector import Detector
+
+__all__ = ["train_run", "resume_checkpoint", "Preflight"]
+
+#: the public API's logger: its records keep the name users configure (the facade's)
+log = logging.getLogger("libreyolo_core.facade")
+
+#: ``preflight(cfg, devices, resumed) -> PreflightResult | None``: run before training.
+Preflight = Callable[[Any, list[str], bool], Any]
+
+
+def resume_checkpoint(resume: Any, project: str) -> Resume | None:
+    """The checkpoint a ``resume`` continues, loaded once (its model and dataset are the
+    defaults of the resumed run; the trainer continues from it without reading it
+    again), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`).
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, or no ``last.pt`` to find.
+        ValueError: the checkpoint has no training state.
+    """
+    from libreyolo_core.engine.resume import load_resume, resume_path
+
+    path = resume_path(resume, project)
+    return None if path is None else load_resume(path)
+
+
+def train_run(det: Detector, data: str | Path | None = None,
+              callbacks: dict[str, list[Callable]] | None = None, preflight: Preflight | None = None,
+              **overrides: Any) -> dict[str, Any]:
+    """Train ``det`` on ``data`` (a dataset yaml) with TrainConfig ``overrides``; afterwards
+    ``det`` holds the best checkpoint's weights (see :meth:`LibreYOLO.train
+    <libreyolo_core.facade.LibreYOLO.train>`, which is this function plus the preflight).
+
+    Args:
+        det: the starting weights; updated in place (model, classes, checkpoint, size).
+        data: dataset yaml (default with ``resume``: the resumed run's).
+        callbacks: the trainer's callbacks by event name.
+        preflight: run once the config and devices are known (None: no preflight).
+        overrides: TrainConfig keys.
+
+    Returns:
+        Final metrics (``mAP50``, ``mAP50-95``, ``precision``, ``recall`` of the best epoch,
+        ``best_epoch``, ``save_dir``, ``best_checkpoint``, ``last_checkpoint``).
+
+    Raises:
+        ValueError: no ``data`` and nothing to resume. ConfigError, DataConfigError,
+        DatasetError, CheckpointError, DeviceError, MainGuardError, TrainingInterrupted:
+        as :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>`.
+    """
+    from libreyolo_core.data.config import load_data_config
+    from libreyolo_core.engine.trainer import Trainer
+
+    resumed = resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
+    if resumed is not None:
+        data = _adopt_resumed(det, resumed, data)
+    if data is None:
+        raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
+    cfg = resolve_config({"model": det.name, "data": str(data), **overrides})
+    data_cfg = load_data_config(cfg.data or str(data))
+    if resumed is not None:  # another class count cannot resume: say so before any work
+        from libreyolo_core.engine.resume import check_resume_classes
+
+        check_resume_classes(resumed.ckpt, resumed.path, data_cfg)
+    _fit_classes(det, cfg.seed, data_cfg.names)
+    devices = parse_devices(cfg.device)
+    checked = preflight(cfg, devices, resumed is not None) if preflight is not None else None
+    if len(devices) > 1 and torchrun_env() is None:
+        result = _train_spawned(det, cfg, devices, callbacks)
+    else:
+        trainer = Trainer(cfg, model=det.model, callbacks=callbacks, preflight=checked, resume=resumed)
+        result = trainer.train()
+        det.model = unwrap(trainer.parts.model)
+    best = Path(result["best_checkpoint"])
+    if best.is_file():
+        det.model.load_state_dict(load_checkpoint(best)["model"])
+        det.checkpoint = best
+    det.imgsz = cfg.imgsz
+    det.model.eval()
+    return result
+
+
+def _adopt_resumed(det: Detector, resumed: Resume, data: str | Path | None) -> str | Path | None:
+    """Make ``det`` the resumed checkpoint's model when it holds another one; ``data``, or
+    the resumed run's dataset when None."""
+    path, ckpt = resumed.path, resumed.ckpt
+    if (ckpt["model_family"], ckpt["size"]) != (det.family.name, det.size):
+        log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
+                 ckpt["size"])
+        det._adopt(load_weights(path))
+    if data is None:
+        data = ckpt.get("config", {}).get("data") or ""
+    return data
+
+
+def _fit_classes(det: Detector, seed: int, names: dict[int, str]) -> None:
+    """Give ``det`` the dataset's ``names``: fresh weights are built under the run's
+    ``seed`` (so a seeded run repeats); loaded weights with another class count get fresh
+    class layers under the seed, the rest (and the class-tower width) from the weights."""
+    if det.checkpoint is None:
+        torch.manual_seed(seed)
+        det.model, det.nc = det.family.build_model(det.size, len(names)), len(names)
+    elif len(names) != det.nc:
+        source = det.model.state_dict()
+        torch.manual_seed(seed)
+        fresh = det.family.build_model(det.size, len(names), **det.family.arch_from_state(source))
+        report = transfer_weights(fresh, source)
+        log.info("class count %d -> %d: %s", det.nc, len(names), report.summary())
+        det.model, det.nc = fresh, len(names)
+    det.names = dict(names)
+
+
+def _train_spawned(det: Detector, cfg: Any, devices: list[str], callbacks: Any) -> dict[str, Any]:
+    """The spawn path: autobatch in this process, then one DDP worker per device
+    (``devices`` as :func:`parse_devices` gives them; ``["cpu", "cpu"]`` runs Gloo)."""
+    from libreyolo_core.distributed.autobatch import autobatch
+    from libreyolo_core.distributed.spawn import (
+        GUARD_MESSAGE,
+        MainGuardError,
+        in_spawned_bootstrap,
+        spawn_train,
+    )
+    from libreyolo_core.engine.amp import resolve_amp
+
+    if in_spawned_bootstrap():
+        raise MainGuardError(GUARD_MESSAGE)
+    if not det.family.spawn:
+        raise RuntimeError(f"{det.family.title} cannot spawn DDP workers; launch one process per GPU with "
+                           f"`torchrun --nproc_per_node={len(devices)} -m libreyolo_core.cli train ...`")
+    world_size = len(devices)
+    if cfg.batch == -1:
+        first = torch.device(devices[0])
+        try:
+            det.model.to(first)
+            amp = resolve_amp(cfg.amp, cfg.amp_dtype, first)
+            batch = autobatch(det.model, cfg.imgsz, first, world_size, cfg.nbs, autocast=amp.autocast)
+        finally:
+            det.model.to("cpu")
+        cfg = cfg.model_copy(update={"batch": batch})
+    ids = None
+    if devices[0].startswith("cuda"):
+        ids = [int(d.split(":")[1]) for d in devices]
+        # the workers see only the chosen GPUs, renumbered from 0
+        cfg = cfg.model_copy(update={"device": ",".join(str(i) for i in range(world_size))})
+    else:
+        cfg = cfg.model_copy(update={"device": "cpu"})
+    return spawn_train(cfg, world_size, model=det.model, nc=det.nc, callbacks=callbacks, cuda_ids=ids)
