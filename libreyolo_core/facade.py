@@ -86,7 +86,7 @@ class LibreYOLO(Detector):
         """
         from libreyolo_core.engine.train_run import train_run
 
-        return train_run(self, data, callbacks, preflight=self._preflight, **overrides)
+        return train_run(self, data, callbacks, preflight_fn=self._preflight, **overrides)
 
     def _preflight(self, cfg: Any, devices: list[str], resumed: bool) -> Any:
         """The preflight estimate of ``cfg`` when it asks for one (``preflight=True``): one

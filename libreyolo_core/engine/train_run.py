@@ -5,7 +5,7 @@ process (one rank under torchrun) or in one spawned DDP worker per device.
 
 :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>` and the profiler's trial
 (:func:`~libreyolo_core.profiler.trial.run_trial`) both call it; the trial so no longer
-imports the facade. The preflight is the caller's (a function given as ``preflight``): it runs
+imports the facade. The preflight is the caller's (a function given as ``preflight_fn``): it runs
 trials itself, so the engine does not import it.
 """
 
@@ -55,7 +55,7 @@ def resume_checkpoint(resume: Any, project: str) -> Resume | None:
 
 
 def train_run(det: Detector, data: str | Path | None = None,
-              callbacks: dict[str, list[Callable]] | None = None, preflight: Preflight | None = None,
+              callbacks: dict[str, list[Callable]] | None = None, preflight_fn: Preflight | None = None,
               **overrides: Any) -> dict[str, Any]:
     """Train ``det`` on ``data`` (a dataset yaml) with TrainConfig ``overrides``; afterwards
     ``det`` holds the best checkpoint's weights (see :meth:`LibreYOLO.train
@@ -65,7 +65,8 @@ def train_run(det: Detector, data: str | Path | None = None,
         det: the starting weights; updated in place (model, classes, checkpoint, size).
         data: dataset yaml (default with ``resume``: the resumed run's).
         callbacks: the trainer's callbacks by event name.
-        preflight: run once the config and devices are known (None: no preflight).
+        preflight_fn: run once the config and devices are known (None: no preflight; not
+            ``preflight``, which is a training key).
         overrides: TrainConfig keys.
 
     Returns:
@@ -93,7 +94,7 @@ def train_run(det: Detector, data: str | Path | None = None,
         check_resume_classes(resumed.ckpt, resumed.path, data_cfg)
     _fit_classes(det, cfg.seed, data_cfg.names)
     devices = parse_devices(cfg.device)
-    checked = preflight(cfg, devices, resumed is not None) if preflight is not None else None
+    checked = preflight_fn(cfg, devices, resumed is not None) if preflight_fn is not None else None
     if len(devices) > 1 and torchrun_env() is None:
         result = _train_spawned(det, cfg, devices, callbacks)
     else:
