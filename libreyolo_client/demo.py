@@ -217,7 +217,11 @@ def _dataset(setup: _Setup) -> Path:
         data = Path(setup.args.data).resolve()
         _say(f"== dataset: {data}")
         return data
-    data = _sample_dataset(setup.home / "sample")
+    # beside the service's home, not in it: a dataset may not read the service's own storage
+    # (service.storage.roots), so a set under the home would be refused at submit
+    out = setup.home.with_name(f"{setup.home.name}-sample")
+    shutil.rmtree(out, ignore_errors=True)
+    data = _sample_dataset(out)
     _say(f"== easy SYNTHETIC dataset: 2 classes (circle, square), large shapes, "
          f"{EASY_SET['n_train']} train / {EASY_SET['n_val']} val images: {data}")
     return data
@@ -379,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("\n== stopping the service" if not stop else "\n!! interrupted; stopping the service")
         return 0 if not stop else 130
+    except LibreYOLOError as exc:  # the service refused a step: its answer, not a traceback
+        _say(f"!! {type(exc).__name__}: {exc}\n   (service log: {setup.log_path}); stopping the service")
+        return 1
     finally:
         for sig in stops:  # a second SIGTERM must not cut the service's stop short
             signal.signal(sig, signal.SIG_IGN)

@@ -63,3 +63,22 @@ def test_make_demo_has_a_port_knob():
     out = subprocess.run(["make", "-n", "demo", "PORT=8123"], cwd=root, capture_output=True,
                          text=True, timeout=60)
     assert "libreyolo_client.demo" in out.stdout and "--port 8123" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_demo_on_its_own_synthetic_set_trains_and_publishes(tmp_path):
+    """The README's first command with no DATA: the demo generates its synthetic set where
+    the service may read it (beside its home, not in it: it was refused with a 422 there),
+    pre-trains, publishes the weights as a model and ends with exit 0 (tiny knobs)."""
+    env = os.environ | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    home = tmp_path / "demo"
+    out = subprocess.run(
+        [sys.executable, "-m", "libreyolo_client.demo", "--home", str(home),
+         "--out", str(tmp_path / "out"), "--epochs", "1", "--ft-epochs", "0", "--imgsz", "64",
+         "--no-profile", "--no-wait"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "easy SYNTHETIC dataset" in text and "Traceback" not in text, text[-4000:]
+    sample = tmp_path / "demo-sample"
+    assert (sample / "data.yaml").is_file() and not (home / "sample").exists()
