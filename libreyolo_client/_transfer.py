@@ -329,9 +329,10 @@ def log_lines(job: _Job, *, follow: bool, tail: int | None, poll_s: float) -> Pr
         done = job.info.done if follow else True
         r = yield GetRaw(path, {"offset": offset})
         data = r.content
-        offset += len(data)
-        size = int(r.headers.get("x-log-size", offset))
-        offset = min(offset, size) if size else offset
+        # the answer ends at X-Log-Size, in the file's bytes; the text itself may be shorter
+        # or longer (the service rewrites its own paths), so its length is no offset
+        size = r.headers.get("x-log-size")
+        offset = int(size) if size is not None else offset + len(data)
         buf += data
         *lines, buf = buf.split(b"\n")
         for ln in lines:

@@ -171,7 +171,9 @@ def get_logs(
 ) -> PlainTextResponse:
     """The engine's stdout+stderr (``train.log``) as text.
 
-    ``X-Log-Size`` gives the file size in bytes: pass it back as ``offset`` to follow.
+    ``X-Log-Size`` gives the file size in bytes, which is where this answer ends: pass it
+    back as ``offset`` to follow (not ``offset`` plus the text's length: the text names the
+    service's folders by their public names, so it is not the file's bytes).
     Empty before the job starts. The service's own folders are named as the API names
     their contents (``dataset:<id>/...``, ``job:<id>/...``,
     :func:`~service.storage.roots.public_text`).
@@ -182,8 +184,9 @@ def get_logs(
     with open(path, "rb") as f:
         f.seek(0, 2)
         size = f.tell()
-        f.seek(min(offset, size))
-        data = f.read()
+        start = min(offset, size)
+        f.seek(start)
+        data = f.read(size - start)  # exactly up to X-Log-Size, though the file grows
     text = public_text(data.decode("utf-8", errors="replace"), settings)
     if tail:
         text = "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")

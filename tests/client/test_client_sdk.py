@@ -294,6 +294,19 @@ def test_logs_and_follow(client, stack, data_yaml):
     assert list(job.logs(tail=1)) == ["done"]
 
 
+def test_follow_a_log_that_names_service_folders(client, stack, data_yaml):
+    """The logs answer names the service's folders by their public names (``job:<id>/...``),
+    so its text is shorter than the file's bytes: following resumes at ``X-Log-Size``, not at
+    the text's length, and delivers each line once (it repeated tails of lines: found by the
+    fresh-user trial)."""
+    job = client.train(data=data_yaml, gpus=0, **TINY)
+    stack.run_in_background(job.id, FAKE_EPOCH_S="0.4", FAKE_SAY_RUN="1")
+    followed = list(job.logs(follow=True, poll_s=0.05))
+    assert followed == list(job.logs()), followed
+    assert sum(ln.startswith(f"checkpoint job:{job.id}/") for ln in followed) == 8, followed
+    assert followed[-1] == "done"
+
+
 # -- artifacts -------------------------------------------------------------------------
 
 @pytest.fixture
