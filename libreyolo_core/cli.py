@@ -150,6 +150,8 @@ def cmd_train(keys: dict[str, Any]) -> int:
     else:
         cfg = resolve_config({**keys, "model": model})  # every key checked before anything heavy
         yolo = LibreYOLO(model)
+    if not cfg.data and not cfg.resume:  # a resumed run knows its data
+        raise UsageError("libreyolo train needs data=path/to/data.yaml (or resume=path/to/last.pt)")
     env = torchrun_env()
     if env is not None and cfg.batch != -1 and not cfg.resume:  # before the dataset scan
         per_rank_batch(cfg.batch, env[2])

@@ -31,6 +31,8 @@ def test_parse_key_value_and_flags():
         (["train", "model=yolo9-t", "data=x.yaml", "epoch=3"], "Did you mean epochs"),
         (["train", "model=yolo9-t", "data=x.yaml", "lr0=abc"], "lr0='abc'"),
         (["train", "model=yolo9-q", "data=x.yaml"], "Valid models: yolo9-t, yolo9-s"),
+        (["train"], "libreyolo train needs data=path/to/data.yaml"),
+        (["train", "model=yolo9-t", "dat=x.yaml"], "Did you mean data"),
         (["cfg", "model=yolo9-t", "imgsz=100"], "multiple of 32"),
         (["val", "model=yolo9-t", "dat=x.yaml"], "Did you mean 'data'"),
         (["info", "model=yolo9-t", "imgsz=-5"], "imgsz=-5 must be >= 32"),
