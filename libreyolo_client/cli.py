@@ -110,7 +110,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     """``["epochs=3", "imgsz=320"]`` -> ``{"epochs": 3, "imgsz": 320}``.
 
     Raises:
-        typer.BadParameter: an item without ``=``.
+        typer.BadParameter: an item without ``=``, or a key given twice with two values.
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -118,7 +118,10 @@ def parse_params(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise typer.BadParameter(f"{item!r}: training keys are given as key=value "
                                      "(e.g. epochs=10 imgsz=320)")
-        out[key.strip().lstrip("-")] = _value(raw.strip())
+        key, value = key.strip().lstrip("-"), _value(raw.strip())
+        if key in out and out[key] != value:
+            raise typer.BadParameter(f"{key}={out[key]} and {key}={value}: give one")
+        out[key] = value
     return out
 
 

@@ -31,6 +31,10 @@ def test_parse_params():
 
     with pytest.raises(typer.BadParameter):
         parse_params(["epochs"])
+    # a key given twice: refused when the values differ (it silently took the last one)
+    with pytest.raises(typer.BadParameter, match="epochs=1 and epochs=2: give one"):
+        parse_params(["epochs=1", "epochs=2"])
+    assert parse_params(["epochs=2", "epochs=2"]) == {"epochs": 2}
 
 
 def test_submit_follow_show_list_logs_download_open(cli, stack, data_yaml, tmp_path,
