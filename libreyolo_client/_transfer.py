@@ -122,10 +122,17 @@ def dataset_source(path_or_zip: str | os.PathLike[str], name: str | None) -> tup
     Raises:
         FileNotFoundError: no such folder or file, or a folder without a dataset yaml
             (:data:`YAMLS`).
+        ValueError: a file that is not a zip (a dataset yaml is named: its folder, zipped,
+            or ``register_dataset`` for a yaml the service can read).
     """
     src = Path(path_or_zip).expanduser()
     if not src.exists():
         raise FileNotFoundError(f"dataset {src} does not exist")
+    if src.is_file() and not zipfile.is_zipfile(src):
+        hint = (f"upload its folder ({src.parent}) or a zip of it; register_dataset / "
+                "`datasets register` takes a yaml the service's host can read"
+                if src.suffix.lower() in (".yaml", ".yml") else "upload a folder or a zip")
+        raise ValueError(f"{src} is not a zip: {hint}")
     if src.is_dir() and not any(next(src.glob(pattern), None) for pattern in YAMLS):
         raise FileNotFoundError(
             f"dataset folder {src} holds no dataset yaml (e.g. {src / 'data.yaml'}, or "

@@ -42,7 +42,7 @@ def upload(
     with _client() as c:
         try:
             ds = c.upload_dataset(path, name, progress=True)
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, ValueError) as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(2) from None
         typer.echo(ds.id)

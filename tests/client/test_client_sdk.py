@@ -453,6 +453,10 @@ def test_upload_dataset_folder_and_zip(client, tmp_path):
     with pytest.raises(ValidationError) as err:
         client.upload_dataset(bad)
     assert err.value.field == "body"
+    # the dataset's yaml itself: named as such before anything is sent (it was uploaded
+    # as if a zip and refused with "body: not a zip file")
+    with pytest.raises(ValueError, match=r"data.yaml is not a zip: upload its folder"):
+        client.upload_dataset(folder / "data.yaml")
 
 
 # -- async twin ------------------------------------------------------------------------
