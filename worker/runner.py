@@ -525,8 +525,11 @@ def _engine_env(run: _Run, job: Job, claim: Claim, gpu_ids: Sequence[str] | None
     env[HANG_FACTOR_ENV] = f"{settings.hang_factor:g}"  # the engine's hang watchdog
     env[HANG_MIN_S_ENV] = f"{settings.hang_min_s:g}"
     # what a stopped run's log tells a remote user (not resume=<server path>)
+    # (a cancel is the user's; a worker that shuts down re-queues the job itself)
     env["LIBREYOLO_RESUME_HINT"] = (f"`libreyolo-service jobs resume {job_id}` (POST "
-                                    f"/v1/jobs/{job_id}/resume, or Resume on its page)")
+                                    f"/v1/jobs/{job_id}/resume, or Resume on its page) if "
+                                    "it was cancelled; when its worker shut down, the "
+                                    "service re-queues it by itself")
     if settings.gpu_hour_price is not None:  # a preflight's cost estimate
         env[PRICE_ENV], env[CURRENCY_ENV] = f"{settings.gpu_hour_price:g}", settings.currency
     env["LIBREYOLO_JOB_ID"], env["LIBREYOLO_USER"] = job.id, job.owner_id  # tracker tags

@@ -152,7 +152,8 @@ def test_cancel_mid_epoch_with_loader_workers_saves_last_pt_without_traceback(
     last = settings.artifact_root / job_id / "run" / "weights" / "last.pt"
     # #28.9: the service's way to resume, not a server path its user cannot use
     assert (f"last.pt saved; resume with `libreyolo-service jobs resume {job_id}` (POST "
-            f"/v1/jobs/{job_id}/resume, or Resume on its page)") in logs, logs[-2000:]
+            f"/v1/jobs/{job_id}/resume, or Resume on its page) if it was cancelled; when its "
+            "worker shut down, the service re-queues it by itself") in logs, logs[-2000:]
     assert f"resume={last}" not in logs and last.is_file()
     lines = engine_lines(settings.artifact_root / job_id / "run")
     assert lines[-1]["event"] == "run_end" and lines[-1]["status"] == "interrupted"
