@@ -506,13 +506,20 @@ def show(
         typer.echo(f"page:     {job.page_url}")
 
 
+def _requeues(i: JobInfo) -> str:
+    """``; N infrastructure re-queue(s), not counted`` when the service re-queued the job
+    after a lost worker (as the job page says), else nothing."""
+    n = i.infra_retries
+    return f"; {n} infrastructure re-queue{'s' if n != 1 else ''}, not counted" if n else ""
+
+
 def _head_lines(i: JobInfo) -> list[str]:
     """``jobs show``'s first lines: what the job is, its status and how the last attempt
     ended, its nodes, its place in the queue, its progress and duration."""
     out = [f"id:       {i.id}\nkind:     {i.kind}\nmodel:    {i.started_from or i.model}\n"
            f"data:     {i.data}\nparams:   {json.dumps(i.params)}\n"
            f"gpus:     {i.gpus}" + (f" (CPU ranks: {i.procs})" if not i.gpus and i.procs > 1 else "")
-           + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts})"
+           + f"\nstatus:   {i.status} (attempt {i.attempt}/{i.max_attempts}{_requeues(i)})"
            + (f": {i.waiting}" if i.waiting else "")]
     if i.end_class:  # how the last attempt ended: infrastructure, job or user
         retries = f" ({i.infra_retries} infrastructure re-queue" \

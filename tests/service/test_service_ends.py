@@ -44,6 +44,8 @@ def test_an_infrastructure_end_and_a_cancel_are_named_everywhere(server, session
         assert shown.exit_code == 0, shown.output
         assert "ended:    infrastructure: lease expired (worker lost) (1 infrastructure " \
                "re-queue)" in shown.stdout, shown.stdout
+        # the status line too, as the page says it (a re-queue costs no attempt)
+        assert "(attempt 1/3; 1 infrastructure re-queue, not counted)" in shown.stdout, shown.stdout
 
         assert c.post(f"/v1/jobs/{job_id}/cancel").status_code in (200, 202)
         job = c.get(f"/v1/jobs/{job_id}").json()
