@@ -196,7 +196,7 @@ def _spec_keys(spec: JobSpec, keys: dict[str, Any]) -> dict[str, Any]:
 
 def _print_train_result(result: dict[str, Any], cfg: Any, fresh: bool) -> None:
     """The run's last lines: where the profile or the weights are, the best epoch's mAP,
-    and a note when a validated run from fresh weights learned nothing."""
+    and a note when a validated, not resumed run learned nothing."""
     if cfg.profile_then_stop:  # a profile job: a window of steps, no trained weights
         print(f"done: profile window measured; profile.json and timeline.html in "
               f"{result['save_dir']} (a profile run saves no weights)")
@@ -209,7 +209,9 @@ def _print_train_result(result: dict[str, Any], cfg: Any, fresh: bool) -> None:
     from libreyolo_core.records.notes import learned_nothing
 
     note = learned_nothing(result, result.get("epochs_completed"), fresh)
-    if note and cfg.val:
+    # a resumed run: its start is unknown here (no "from scratch"), and one with nothing
+    # left to train has no metrics of its own to judge
+    if note and cfg.val and not cfg.resume:
         print(f"note: {note}")
 
 

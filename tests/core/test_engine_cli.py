@@ -240,3 +240,22 @@ sys.exit(99)
     assert "error: data loader worker (pid " in err and "Killed" in err, err[-2000:]
     assert "out-of-memory killer" in err and "workers=2" in err and "--shm-size" in err
     assert "Traceback" not in err
+
+
+def test_a_resume_with_nothing_left_to_train_prints_no_learned_nothing_note(tmp_path):
+    """A finished run resumed again says there is nothing to train, and not "mAP50 0.000
+    after 1 epoch from scratch: too short to learn" (it trained nothing, from its own
+    weights; found by the fresh-user trial). The first run, 1 epoch from scratch, has it."""
+    from libreyolo_core.data.sample import generate_sample_dataset
+
+    yaml_path = generate_sample_dataset(tmp_path / "s", n_train=4, n_val=2, imgsz=64)
+    keys = ["model=yolo9-t", f"data={yaml_path}", "epochs=1", "imgsz=64", "batch=2",
+            "device=cpu", f"project={tmp_path / 'runs'}", "workers=0"]
+    first = libreyolo("train", *keys)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "from scratch: too short to learn" in first.stdout, first.stdout
+    last = next((tmp_path / "runs").rglob("last.pt"))
+    again = libreyolo("train", f"resume={last}", "device=cpu", "workers=0")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "nothing to train" in again.stdout + again.stderr
+    assert "note:" not in again.stdout, again.stdout
