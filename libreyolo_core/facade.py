@@ -34,19 +34,9 @@ PREDICT_BATCH = 16
 
 
 class LibreYOLO(Detector):
-    """A detector of a registered family, built from a name or from a checkpoint.
-
-    Args:
-        model: ``"yolo9-t"`` (family-size) or a path to a weights file: ours, LibreYOLO
-            1.x, the upstream YOLOv9 release or Megvii's YOLOX (read with
-            ``weights_only=True`` by :func:`~libreyolo_core.weights.load_weights`).
-        nc: number of classes of a freshly built model (training re-syncs it from the data).
-        names: class names of a freshly built model.
-        expect: with a weights file, the model you meant (``"yolo9-t"``): another family
-            or size in the file gets one log line naming both (the file's model is used).
-
-    Raises:
-        ModelNameError: unknown model name. CheckpointError: bad or unsafe weights file.
+    """The public facade: a :class:`~libreyolo_core.weights.detector.Detector` (its
+    constructor takes the same ``model``, ``nc``, ``names`` and ``expect`` and raises the
+    same errors) with ``train``, ``val``, ``predict``, ``export`` and ``info``.
     """
 
     def __repr__(self) -> str:
