@@ -57,6 +57,7 @@ from libreyolo_core.engine.signals import install_sigterm
 from libreyolo_core.engine.state import TrainState
 from libreyolo_core.engine.timer import NULL_TIMER, StepTimer
 from libreyolo_core.models.family import Family
+from libreyolo_core.records.train import TrainResult
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
@@ -94,6 +95,8 @@ class Trainer:
             this trainer by :meth:`LibreYOLO.train`; it is written into the run directory
             (``preflight.json``, the trial's files under ``preflight/``), announced as a
             ``preflight`` event, and its validation time seeds the ETA until one ran.
+        resume: the checkpoint ``cfg.resume`` names, when the caller loaded it (read once);
+            None opens it in the set-up.
 
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
@@ -251,8 +254,9 @@ class Trainer:
         return self.run.meta()
 
     # -- the loop ---------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        """Run the whole schedule; returns the final metrics (see :meth:`_result`)."""
+    def train(self) -> TrainResult:
+        """Run the whole schedule; returns the run's :class:`~libreyolo_core.records.train.TrainResult`
+        (the best epoch's metrics, the checkpoints, timing, ...)."""
         restore = install_sigterm(self._on_sigterm)
         self._t_train_start = time.perf_counter()
         try:
@@ -463,9 +467,9 @@ class Trainer:
         wall = time.perf_counter() - self._t_train_start if self._t_train_start else None
         return self.state.timing(wall)
 
-    def _result(self) -> dict[str, Any]:
+    def _result(self) -> TrainResult:
         st, weights = self.state, self.run_dir / "weights"
-        return {
+        return TrainResult.of({
             **(st.best_metrics or st.metrics),
             "fitness": st.best_fitness,
             "best_epoch": st.best_epoch,
@@ -479,7 +483,7 @@ class Trainer:
             "timing": self.timing(),
             **self.extra_result,
             **({"preflight": self.preflight.to_dict()} if self.preflight is not None else {}),
-        }
+        })
 
 
 def _check_callbacks(callbacks: dict[str, Any]) -> None:
