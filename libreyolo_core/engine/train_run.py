@@ -1,7 +1,7 @@
 """One way into a training run: :func:`train_run` takes a
 :class:`~libreyolo_core.weights.detector.Detector` and the run's
 :class:`~libreyolo_core.config.TrainConfig`, resolved once by the caller, loads a resumed
-run's checkpoint once, checks a resumed run's classes,
+run's checkpoint once, loads the dataset yaml once (checking a resumed run's classes there),
 fits the class layers to the dataset, and trains in this process (one rank under torchrun)
 or in one spawned DDP worker per device. It returns a
 :class:`~libreyolo_core.records.train.TrainResult`.
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from libreyolo_core.config import TrainConfig, resolve_config
-from libreyolo_core.data.config import load_data_config
 from libreyolo_core.distributed.context import torchrun_env
 from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.ema import unwrap
-from libreyolo_core.engine.resume import check_resume_classes, open_resume
+from libreyolo_core.engine.resume import open_resume
+from libreyolo_core.engine.run import load_run_data
 from libreyolo_core.records.train import TrainResult
 from libreyolo_core.weights.load import load_weights
 from libreyolo_core.weights.transfer import transfer_weights
@@ -90,18 +90,15 @@ def train_run(det: Detector, cfg: TrainConfig, callbacks: dict[str, list[Callabl
     resumed = open_resume(cfg)  # read once: the trainer continues from it
     if resumed is not None:
         cfg = _adopt_resumed(det, resumed, cfg)
-    if not cfg.data:
-        raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
-    data = load_data_config(cfg.data)
-    if resumed is not None:  # another class count cannot resume: say so before any work
-        check_resume_classes(resumed.ckpt, resumed.path, data)
+    data = load_run_data(cfg, resumed)  # another class count cannot resume: said before any work
     _fit_classes(det, cfg.seed, data.names)
     devices = parse_devices(cfg.device)
     checked = preflight_fn(cfg, devices, resumed is not None) if preflight_fn is not None else None
     if len(devices) > 1 and torchrun_env() is None:
         result = TrainResult.of(_train_spawned(det, cfg, devices, callbacks))
     else:
-        trainer = Trainer(cfg, model=det.model, callbacks=callbacks, preflight=checked, resume=resumed)
+        trainer = Trainer(cfg, model=det.model, callbacks=callbacks, preflight=checked, resume=resumed,
+                          data=data)
         result = trainer.train()
         det.model = unwrap(trainer.parts.model)
     best = Path(result.best_checkpoint)
