@@ -80,7 +80,7 @@ def train_run(det: Detector, cfg: TrainConfig, callbacks: dict[str, list[Callabl
         ``best_checkpoint``, ``last_checkpoint``, ...
 
     Raises:
-        ValueError: no ``data`` and nothing to resume. CheckpointError: a resume checkpoint
+        ValueError: no ``data`` and nothing to resume, or a yaml without ``train``. CheckpointError: a resume checkpoint
         that cannot be read, or whose class count differs from the dataset's.
         DataConfigError, DatasetError, DeviceError, MainGuardError, TrainingInterrupted: as
         :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>`.
