@@ -155,7 +155,7 @@ def cmd_train(keys: dict[str, Any]) -> int:
     env = torchrun_env()
     if env is not None and cfg.batch != -1 and not cfg.resume:  # before the dataset scan
         per_rank_batch(cfg.batch, env[2])
-    result = yolo.train(**keys)
+    result = yolo.train_resolved(cfg).to_dict()  # the keys resolved once, above
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 reports for the job
         return EXIT_OK
     _print_train_result(result, cfg, fresh=not is_weights_path(model))

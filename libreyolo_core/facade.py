@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from libreyolo_core.config import TrainConfig
 from libreyolo_core.distributed.context import torchrun_env
 from libreyolo_core.predict import Prediction, as_rgb
+from libreyolo_core.records.train import TrainResult
 from libreyolo_core.weights.detector import Detector, is_weights_path
 
 __all__ = ["LibreYOLO", "Prediction", "is_weights_path"]
@@ -74,9 +76,26 @@ class LibreYOLO(Detector):
             RuntimeError: an unpicklable callback (several devices).
             TrainingInterrupted: SIGTERM; ``last.pt`` was saved first.
         """
+        from libreyolo_core.engine.train_run import train_config
+
+        return self.train_resolved(train_config(self, data, overrides), callbacks).to_dict()
+
+    def train_resolved(self, cfg: TrainConfig, callbacks: dict[str, list[Callable]] | None = None) -> TrainResult:
+        """Train with a config already resolved (:func:`~libreyolo_core.config.resolve_config`
+        for this model): :meth:`train` after its keys are resolved, and the way in of
+        ``libreyolo train``, which resolves them before it builds the model. The preflight
+        runs when ``cfg.preflight`` asks for it.
+
+        Returns:
+            The run's :class:`~libreyolo_core.records.train.TrainResult` (:meth:`train`
+            returns its ``to_dict()``).
+
+        Raises:
+            As :meth:`train`, less ConfigError (the keys are resolved).
+        """
         from libreyolo_core.engine.train_run import train_run
 
-        return train_run(self, data, callbacks, preflight_fn=self._preflight, **overrides)
+        return train_run(self, cfg, callbacks, preflight_fn=self._preflight)
 
     def _preflight(self, cfg: Any, devices: list[str], resumed: bool) -> Any:
         """The preflight estimate of ``cfg`` when it asks for one (``preflight=True``): one

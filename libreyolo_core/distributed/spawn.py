@@ -124,7 +124,7 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
         state = torch.load(weights, map_location="cpu", weights_only=True)
         model = build_from_state(family, size, int(state["nc"]), state["model"])
     try:
-        result = Trainer(config, model=model, callbacks=callbacks).train()
+        result = Trainer(config, model=model, callbacks=callbacks).train().to_dict()
     except TrainingInterrupted as exc:  # every rank stops at the same step; rank 0 saved last.pt
         result = {"interrupted": str(exc)}
     finally:
@@ -157,7 +157,9 @@ def spawn_train(
         cuda_ids: CUDA indices to expose to the workers as ``cuda:0..n-1``.
 
     Returns:
-        Rank 0's :meth:`Trainer.train` result (metrics, ``best_checkpoint``, ...).
+        Rank 0's :meth:`Trainer.train` result as its flat dict
+        (:meth:`~libreyolo_core.records.train.TrainResult.to_dict`, through JSON: the class
+        ids of ``names`` are strings).
 
     Raises:
         MainGuardError: called while a spawned child imports an unguarded script.

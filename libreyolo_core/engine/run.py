@@ -1,9 +1,10 @@
 """A prepared training run: everything the loop needs, built before the loop starts.
 
 :func:`prepare_run` does the set-up of one process's run in order: it opens a resume
-checkpoint (the run then continues with the checkpoint's config), joins the process group
-(torchrun / spawn), checks a resumed run's classes against the dataset yaml (before the
-scan), builds the parts (:func:`~libreyolo_core.engine.build.build_parts`), the profile
+checkpoint unless the caller did (the run then continues with the checkpoint's config),
+joins the process group (torchrun / spawn), loads the dataset yaml unless the caller did
+(:func:`load_run_data`, the one place that checks a resumed run's classes, before the
+scan; :func:`~libreyolo_core.engine.train_run.train_run` calls it itself), builds the parts (:func:`~libreyolo_core.engine.build.build_parts`), the profile
 window when ``profile`` is set, restores the resumed state, wraps the network in
 ``DistributedDataParallel`` and opens the run directory (rank 0 creates it; it alone writes
 ``events.jsonl`` and ``args.yaml``). The :class:`Run` it returns holds all of it, none of it
@@ -45,7 +46,7 @@ from libreyolo_core.models.registry import parse_model_name
 if TYPE_CHECKING:
     from libreyolo_core.profiler.window import TrainingProfiler
 
-__all__ = ["Run", "prepare_run"]
+__all__ = ["Run", "prepare_run", "load_run_data"]
 
 
 @dataclass
@@ -97,8 +98,10 @@ class Run:
 
 
 def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
-                resume: Resume | None = None, on_dist: Callable[[DistContext, bool], None] | None = None) -> Run:
-    """Set up one process's run (the module docstring gives the order).
+                resume: Resume | None = None, data: DataConfig | None = None,
+                on_dist: Callable[[DistContext, bool], None] | None = None) -> Run:
+    """Set up one process's run and return its :class:`Run` (the module docstring gives the
+    order).
 
     Args:
         cfg: the resolved config (``data`` required; ``batch`` is global).
@@ -107,13 +110,11 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
         resume: the checkpoint ``cfg.resume`` names, when the caller already loaded it
             (:func:`~libreyolo_core.engine.resume.load_resume`; read once); None opens
             ``cfg.resume`` here (or starts a new run).
+        data: the dataset yaml as :func:`load_run_data` gave it to the caller; None: here.
         on_dist: called as ``on_dist(context, owned)`` as soon as the process's
             :class:`DistContext` is known (``owned``: this call started the process group),
             so that a caller can name a collective's timeout and end the group when a
             later step of the set-up fails; or None.
-
-    Returns:
-        The :class:`Run`.
 
     Raises:
         CheckpointError: a resume checkpoint that cannot be found or read, or whose class
@@ -136,7 +137,8 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
     family, size = parse_model_name(cfg.model)
     torch.manual_seed(cfg.seed)
 
-    data = _dataset(cfg, resume)
+    if data is None:
+        data = load_run_data(cfg, resume)
     names, nc = dict(data.names), len(data.names)
     arch = resume.arch(family) if resume is not None else None
     parts = build_parts(cfg, family=family, size=size, data=data, dist=ctx, device=device,
@@ -157,9 +159,18 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
                bn_guard=bn_guard, owns_process_group=owned, profiler=profiler)
 
 
-def _dataset(cfg: TrainConfig, resume: Resume | None) -> DataConfig:
-    """The run's dataset yaml, loaded (not scanned); a resumed run's classes checked against
-    it before the scan (a class mismatch is known from the yaml alone)."""
+def load_run_data(cfg: TrainConfig, resume: Resume | None) -> DataConfig:
+    """The run's dataset yaml ``cfg.data``, loaded (not scanned); a resumed run's classes
+    checked against it before the scan (a class mismatch is known from the yaml alone). The
+    one place a resume's classes are checked: :func:`prepare_run` calls it, or the caller
+    that hands it the result (:func:`~libreyolo_core.engine.train_run.train_run`).
+
+    Raises:
+        ValueError: no ``data``, or a yaml without ``train``.
+        DataConfigError: the yaml cannot be read or is malformed.
+        CheckpointError: ``resume``'s class count differs from the yaml's (same count,
+            other names: a warning).
+    """
     if not cfg.data:
         raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
     data = load_data_config(cfg.data)  # every rank scans: the reports are cheap and identical

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo_core.engine import fence
-from libreyolo_core.engine.hooks.base import HookBase
+from libreyolo_core.engine.hooks.base import HookBase, TrainerView
 
 __all__ = ["TrackerHook", "TensorBoardHook", "MlflowHook", "tracker_hooks", "read_pr_curve",
            "TENSORBOARD_INSTALL", "MLFLOW_INSTALL"]
@@ -363,7 +363,7 @@ class MlflowHook(TrackerHook):
             self._env_set = []
 
 
-def tracker_hooks(trainer: Any) -> list[HookBase]:
+def tracker_hooks(trainer: TrainerView) -> list[HookBase]:
     """Rank 0's tracker hooks for ``trainer.cfg``: TensorBoard unless ``tensorboard=False``
     (one line when the library is missing) and MLflow when a tracking URI is configured."""
     cfg = trainer.cfg

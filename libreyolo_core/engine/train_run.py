@@ -1,28 +1,37 @@
 """One way into a training run: :func:`train_run` takes a
-:class:`~libreyolo_core.weights.detector.Detector` and training keys, resolves them once,
-loads a resumed run's checkpoint once, fits the class layers to the dataset, and trains in this
-process (one rank under torchrun) or in one spawned DDP worker per device.
+:class:`~libreyolo_core.weights.detector.Detector` and the run's
+:class:`~libreyolo_core.config.TrainConfig`, resolved once by the caller, loads a resumed
+run's checkpoint once, loads the dataset yaml once (checking a resumed run's classes there),
+fits the class layers to the dataset, and trains in this process (one rank under torchrun)
+or in one spawned DDP worker per device. It returns a
+:class:`~libreyolo_core.records.train.TrainResult`.
 
-:meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>` and the profiler's trial
-(:func:`~libreyolo_core.profiler.trial.run_trial`) both call it; the trial so no longer
-imports the facade. The preflight is the caller's (a function given as ``preflight_fn``): it runs
-trials itself, so the engine does not import it.
+Its callers: :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>` (keys resolved
+by :func:`train_config`, then :meth:`~libreyolo_core.facade.LibreYOLO.train_resolved`), the
+engine CLI's ``libreyolo train`` (which resolves its keys itself, before building the model,
+and calls ``train_resolved``) and the profiler's trial
+(:func:`~libreyolo_core.profiler.trial.run_trial`), which so does not import the facade.
+The preflight is the caller's (a function given as ``preflight_fn``): it runs trials
+itself, so the engine does not import it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from libreyolo_core.config import resolve_config
+from libreyolo_core.config import TrainConfig, resolve_config
 from libreyolo_core.distributed.context import torchrun_env
 from libreyolo_core.distributed.device import parse_devices
 from libreyolo_core.engine.checkpoint import load_checkpoint
 from libreyolo_core.engine.ema import unwrap
+from libreyolo_core.engine.resume import open_resume
+from libreyolo_core.engine.run import load_run_data
+from libreyolo_core.records.train import TrainResult
 from libreyolo_core.weights.load import load_weights
 from libreyolo_core.weights.transfer import transfer_weights
 
@@ -30,7 +39,7 @@ if TYPE_CHECKING:
     from libreyolo_core.engine.resume import Resume
     from libreyolo_core.weights.detector import Detector
 
-__all__ = ["train_run", "resume_checkpoint", "Preflight"]
+__all__ = ["train_run", "train_config", "Preflight"]
 
 #: the public API's logger: its records keep the name users configure (the facade's)
 log = logging.getLogger("libreyolo_core.facade")
@@ -39,69 +48,60 @@ log = logging.getLogger("libreyolo_core.facade")
 Preflight = Callable[[Any, list[str], bool], Any]
 
 
-def resume_checkpoint(resume: Any, project: str) -> Resume | None:
-    """The checkpoint a ``resume`` continues, loaded once (its model and dataset are the
-    defaults of the resumed run; the trainer continues from it without reading it
-    again), or None without ``resume`` (:func:`~libreyolo_core.engine.resume.resume_path`).
+def train_config(det: Detector, data: str | Path | None, keys: Mapping[str, Any]) -> TrainConfig:
+    """The run's config: ``keys`` (TrainConfig keys or aliases) for ``det``'s model, with
+    ``data`` when given (a resumed run without it trains on the checkpoint's dataset).
 
     Raises:
-        CheckpointError: no such file, not a checkpoint, or no ``last.pt`` to find.
-        ValueError: the checkpoint has no training state.
+        ConfigError: an unknown key, a bad value or a broken cross-field rule.
     """
-    from libreyolo_core.engine.resume import load_resume, resume_path
-
-    path = resume_path(resume, project)
-    return None if path is None else load_resume(path)
+    return resolve_config({"model": det.name, **({"data": str(data)} if data is not None else {}), **keys})
 
 
-def train_run(det: Detector, data: str | Path | None = None,
-              callbacks: dict[str, list[Callable]] | None = None, preflight_fn: Preflight | None = None,
-              **overrides: Any) -> dict[str, Any]:
-    """Train ``det`` on ``data`` (a dataset yaml) with TrainConfig ``overrides``; afterwards
-    ``det`` holds the best checkpoint's weights (see :meth:`LibreYOLO.train
-    <libreyolo_core.facade.LibreYOLO.train>`, which is this function plus the preflight).
+def train_run(det: Detector, cfg: TrainConfig, callbacks: dict[str, list[Callable]] | None = None,
+              preflight_fn: Preflight | None = None) -> TrainResult:
+    """Train ``det`` with ``cfg``; afterwards ``det`` holds the best checkpoint's weights (see
+    :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>`, which is
+    :func:`train_config`, this function and the preflight).
 
     Args:
-        det: the starting weights; updated in place (model, classes, checkpoint, size).
-        data: dataset yaml (default with ``resume``: the resumed run's).
+        det: the starting weights; updated in place (model, classes, checkpoint, size;
+            ``imgsz`` becomes ``cfg.imgsz``).
+        cfg: the resolved config (:func:`train_config`); with ``resume``, the run continues
+            the checkpoint with the checkpoint's config (``data``, ``device``, ``workers``,
+            ``epochs`` as given win) and, when it holds another model, ``det`` becomes it.
         callbacks: the trainer's callbacks by event name.
-        preflight_fn: run once the config and devices are known (None: no preflight; not
+        preflight_fn: run once the devices are known (None: no preflight; not
             ``preflight``, which is a training key).
-        overrides: TrainConfig keys.
 
     Returns:
-        Final metrics (``mAP50``, ``mAP50-95``, ``precision``, ``recall`` of the best epoch,
-        ``best_epoch``, ``save_dir``, ``best_checkpoint``, ``last_checkpoint``).
+        The :class:`~libreyolo_core.records.train.TrainResult`: the best epoch's metrics
+        (``mAP50``, ``mAP50-95``, ``precision``, ``recall``), ``best_epoch``, ``save_dir``,
+        ``best_checkpoint``, ``last_checkpoint``, ...
 
     Raises:
-        ValueError: no ``data`` and nothing to resume. ConfigError, DataConfigError,
-        DatasetError, CheckpointError, DeviceError, MainGuardError, TrainingInterrupted:
-        as :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>`.
+        ValueError: no ``data`` and nothing to resume, or a yaml without ``train``. CheckpointError: a resume checkpoint
+        that cannot be read, or whose class count differs from the dataset's.
+        DataConfigError, DatasetError, DeviceError, MainGuardError, TrainingInterrupted: as
+        :meth:`LibreYOLO.train <libreyolo_core.facade.LibreYOLO.train>`.
     """
-    from libreyolo_core.data.config import load_data_config
     from libreyolo_core.engine.trainer import Trainer
 
-    resumed = resume_checkpoint(overrides.get("resume"), overrides.get("project", "runs/train"))
+    resumed = open_resume(cfg)  # read once: the trainer continues from it
     if resumed is not None:
-        data = _adopt_resumed(det, resumed, data)
-    if data is None:
-        raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
-    cfg = resolve_config({"model": det.name, "data": str(data), **overrides})
-    data_cfg = load_data_config(cfg.data or str(data))
-    if resumed is not None:  # another class count cannot resume: say so before any work
-        from libreyolo_core.engine.resume import check_resume_classes
-
-        check_resume_classes(resumed.ckpt, resumed.path, data_cfg)
-    _fit_classes(det, cfg.seed, data_cfg.names)
+        cfg = _adopt_resumed(det, resumed, cfg)
+    data = load_run_data(cfg, resumed)  # another class count cannot resume: said before any work
+    _fit_classes(det, cfg.seed, data.names)
     devices = parse_devices(cfg.device)
     checked = preflight_fn(cfg, devices, resumed is not None) if preflight_fn is not None else None
     if len(devices) > 1 and torchrun_env() is None:
-        result = _train_spawned(det, cfg, devices, callbacks)
+        result = TrainResult.of(_train_spawned(det, cfg, devices, callbacks))
     else:
-        trainer = Trainer(cfg, model=det.model, callbacks=callbacks, preflight=checked, resume=resumed)
+        trainer = Trainer(cfg, model=det.model, callbacks=callbacks, preflight=checked, resume=resumed,
+                          data=data)
         result = trainer.train()
         det.model = unwrap(trainer.parts.model)
-    best = Path(result["best_checkpoint"])
+    best = Path(result.best_checkpoint)
     if best.is_file():
         det.model.load_state_dict(load_checkpoint(best)["model"])
         det.checkpoint = best
@@ -110,17 +110,17 @@ def train_run(det: Detector, data: str | Path | None = None,
     return result
 
 
-def _adopt_resumed(det: Detector, resumed: Resume, data: str | Path | None) -> str | Path | None:
-    """Make ``det`` the resumed checkpoint's model when it holds another one; ``data``, or
-    the resumed run's dataset when None."""
+def _adopt_resumed(det: Detector, resumed: Resume, cfg: TrainConfig) -> TrainConfig:
+    """Make ``det`` the resumed checkpoint's model when it holds another one; ``cfg``, with
+    the resumed run's dataset when it names none."""
     path, ckpt = resumed.path, resumed.ckpt
     if (ckpt["model_family"], ckpt["size"]) != (det.family.name, det.size):
         log.info("resume: %s holds a %s-%s; continuing that model", path, ckpt["model_family"],
                  ckpt["size"])
         det._adopt(load_weights(path))
-    if data is None:
-        data = ckpt.get("config", {}).get("data") or ""
-    return data
+    if cfg.data is None:
+        cfg = cfg.model_copy(update={"data": ckpt.get("config", {}).get("data") or ""})
+    return cfg
 
 
 def _fit_classes(det: Detector, seed: int, names: dict[int, str]) -> None:

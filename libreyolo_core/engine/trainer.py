@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from libreyolo_core.config import TrainConfig
+from libreyolo_core.data.config import DataConfig
 from libreyolo_core.distributed.context import (
     DistContext,
     all_reduce_sum,
@@ -57,6 +58,7 @@ from libreyolo_core.engine.signals import install_sigterm
 from libreyolo_core.engine.state import TrainState
 from libreyolo_core.engine.timer import NULL_TIMER, StepTimer
 from libreyolo_core.models.family import Family
+from libreyolo_core.records.train import TrainResult
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
@@ -94,6 +96,11 @@ class Trainer:
             this trainer by :meth:`LibreYOLO.train`; it is written into the run directory
             (``preflight.json``, the trial's files under ``preflight/``), announced as a
             ``preflight`` event, and its validation time seeds the ETA until one ran.
+        resume: the checkpoint ``cfg.resume`` names, when the caller loaded it (read once);
+            None opens it in the set-up.
+        data: the dataset yaml as :func:`~libreyolo_core.engine.run.load_run_data` gave it
+            to the caller (which so checked a resumed run's classes); None loads it in the
+            set-up.
 
     Raises (from :meth:`train`):
         TrainingInterrupted: after SIGTERM or a stop request, once ``last.pt`` is written
@@ -112,6 +119,7 @@ class Trainer:
         callbacks: dict[str, list[Callable[[Trainer], None]]] | None = None,
         preflight: Any = None,
         resume: Resume | None = None,
+        data: DataConfig | None = None,
     ):
         if not cfg.data:
             raise ValueError("data is required: a dataset yaml path (data=path/to/data.yaml)")
@@ -121,6 +129,7 @@ class Trainer:
         self.callbacks = callbacks or {}
         self._model_in = model  # the network to start from (build_parts may build another)
         self._resume_in = resume  # the resume checkpoint, when the caller loaded it
+        self._data_in = data  # the dataset yaml, when the caller loaded (and checked) it
         self._run: Run | None = None  # prepared in _setup
         self.state = TrainState()  # the run's, once prepared
         self.dist = DistContext()  # replaced in _setup under torchrun / spawn
@@ -231,7 +240,8 @@ class Trainer:
     def _setup(self) -> None:
         """Prepare the run (:func:`~libreyolo_core.engine.run.prepare_run`) and build this
         rank's hooks (:func:`~libreyolo_core.engine.hooks.default_hooks`)."""
-        run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in, on_dist=self._joined)
+        run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in, data=self._data_in,
+                          on_dist=self._joined)
         self._run = run
         self.cfg, self.state = run.cfg, run.state
         self.hooks = default_hooks(self, self.callbacks)
@@ -251,8 +261,9 @@ class Trainer:
         return self.run.meta()
 
     # -- the loop ---------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        """Run the whole schedule; returns the final metrics (see :meth:`_result`)."""
+    def train(self) -> TrainResult:
+        """Run the whole schedule; returns the run's :class:`~libreyolo_core.records.train.TrainResult`
+        (the best epoch's metrics, the checkpoints, timing, ...)."""
         restore = install_sigterm(self._on_sigterm)
         self._t_train_start = time.perf_counter()
         try:
@@ -463,9 +474,9 @@ class Trainer:
         wall = time.perf_counter() - self._t_train_start if self._t_train_start else None
         return self.state.timing(wall)
 
-    def _result(self) -> dict[str, Any]:
+    def _result(self) -> TrainResult:
         st, weights = self.state, self.run_dir / "weights"
-        return {
+        return TrainResult.of({
             **(st.best_metrics or st.metrics),
             "fitness": st.best_fitness,
             "best_epoch": st.best_epoch,
@@ -479,7 +490,7 @@ class Trainer:
             "timing": self.timing(),
             **self.extra_result,
             **({"preflight": self.preflight.to_dict()} if self.preflight is not None else {}),
-        }
+        })
 
 
 def _check_callbacks(callbacks: dict[str, Any]) -> None:

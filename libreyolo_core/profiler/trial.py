@@ -135,13 +135,14 @@ def run_trial(data: str | Path, model: str = "yolo9-t", *, project: str | Path,
         NoProfileError: the run ended without a profile.
         whatever training raises otherwise (a bad key, a data error).
     """
-    from libreyolo_core.engine.train_run import train_run
+    from libreyolo_core.engine.train_run import train_config, train_run
     from libreyolo_core.weights.detector import Detector
 
     overrides = trial_overrides(project=project, name=name, warmup=warmup, steps=steps,
                                 epochs=epochs, **train_keys)
     with contextlib.redirect_stdout(stdout or sys.stdout):
-        train_run(Detector(str(model)), data=str(data), **overrides)
+        det = Detector(str(model))
+        train_run(det, train_config(det, data, overrides))
     run_dir = Path(project) / name
     try:
         return TrialResult.from_run_dir(run_dir)

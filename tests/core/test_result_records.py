@@ -88,3 +88,25 @@ def test_the_verdict_has_one_name_and_the_files_keep_their_keys():
     line = event.to_dict()
     assert list(line) == ["event", "time", "verdict", "bound_why", "step_ms", "window", "load"]
     assert parse_event(line).to_dict() == line
+
+
+def test_a_train_result_gives_back_the_dict_train_returns():
+    """``LibreYOLO.train`` returns ``TrainResult.to_dict()``: the same keys, values and order
+    as the trainer's dict, in process and through a spawned run's JSON (string class ids)."""
+    from libreyolo_core.records.train import TrainResult
+
+    run = {"precision": 0.5, "recall": 0.25, "mAP50": 0.4, "mAP50-95": 0.2,
+           "per_class_AP": {0: 0.2}, "fitness": 0.22, "best_epoch": 2, "epochs_completed": 3,
+           "save_dir": "runs/train/exp", "best_checkpoint": "runs/train/exp/weights/best.pt",
+           "last_checkpoint": "runs/train/exp/weights/last.pt", "names": {0: "cat", 1: "dog"},
+           "nonfinite_skipped": 0, "amp_skipped": 1, "timing": {"train_s": 1.5, "wall_s": None}}
+    result = TrainResult.of(run)
+    assert result.metrics["mAP50"] == 0.4 and result.best_epoch == 2 and result.profile is None
+    assert list(result.to_dict().items()) == list(run.items())
+    spawned = json.loads(json.dumps({**run, "preflight": {"img_per_s": 9.5}}, default=str))
+    back = TrainResult.of(spawned).to_dict()
+    assert list(back.items()) == list(spawned.items()) and back["names"] == {"0": "cat", "1": "dog"}
+    profile_only = {k: v for k, v in run.items() if k not in ("precision", "recall", "mAP50", "mAP50-95",
+                                                             "per_class_AP")}
+    profile_only["profile"] = {"verdict": "compute"}
+    assert list(TrainResult.of(profile_only).to_dict().items()) == list(profile_only.items())

@@ -14,7 +14,8 @@ process's rank is known, so "rank 0 only" is decided there and nowhere else)::
         after_epoch                                             (validate, save, report)
     after_train                                                 (always, in ``finally``)
 
-A hook reads and changes the run through ``self.trainer`` (set when the list is built).
+A hook reads and changes the run through ``self.trainer`` (set when the list is built),
+typed as :class:`~.base.TrainerView`: the part of the trainer hooks may use.
 The shape follows detectron2's ``HookBase`` (engine/hooks.py) with YOLOX's epoch points;
 ``after_train_epoch`` is ours: the step-level hooks close their epoch before validation,
 which a profile-only run never reaches.
@@ -26,10 +27,16 @@ The package: :mod:`.base` is the contract (:class:`HookBase`, the epoch's
 :mod:`libreyolo_core.engine.trackers`, the export's in :mod:`libreyolo_core.export.hook`);
 :mod:`.policy` is :func:`default_hooks`, the only place that decides which hooks run, in
 which order, on which rank. A hook module imports the contract, never the policy or the
-trainer (that one for types only).
+trainer, not even for types: :class:`~.base.TrainerView` stands for it.
 """
 
-from libreyolo_core.engine.hooks.base import CALLBACK_EVENTS, EpochMeter, EpochOutcome, HookBase
+from libreyolo_core.engine.hooks.base import (
+    CALLBACK_EVENTS,
+    EpochMeter,
+    EpochOutcome,
+    HookBase,
+    TrainerView,
+)
 from libreyolo_core.engine.hooks.callbacks import CallbackHook
 from libreyolo_core.engine.hooks.checkpoint import CheckpointHook
 from libreyolo_core.engine.hooks.guard import MAX_NONFINITE_STREAK, NonFiniteGuard
@@ -41,6 +48,6 @@ from libreyolo_core.engine.hooks.report import ReportHook
 from libreyolo_core.engine.hooks.validation import ValidationHook
 from libreyolo_core.engine.hooks.watchdog import WatchdogHook
 
-__all__ = ["HookBase", "EpochMeter", "EpochOutcome", "MosaicSwitchHook", "NonFiniteGuard", "ValidationHook",
+__all__ = ["HookBase", "TrainerView", "EpochMeter", "EpochOutcome", "MosaicSwitchHook", "NonFiniteGuard", "ValidationHook",
            "ReportHook", "CheckpointHook", "CallbackHook", "WatchdogHook", "ProfilerHook", "ProgressHook",
            "default_hooks", "CALLBACK_EVENTS", "MAX_NONFINITE_STREAK"]

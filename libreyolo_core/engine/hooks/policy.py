@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from libreyolo_core.engine.hooks.base import HookBase
+from libreyolo_core.engine.hooks.base import HookBase, TrainerView
 from libreyolo_core.engine.hooks.callbacks import CallbackHook
 from libreyolo_core.engine.hooks.checkpoint import CheckpointHook
 from libreyolo_core.engine.hooks.guard import NonFiniteGuard
@@ -16,13 +16,10 @@ from libreyolo_core.engine.hooks.report import ReportHook
 from libreyolo_core.engine.hooks.validation import ValidationHook
 from libreyolo_core.engine.hooks.watchdog import WatchdogHook
 
-if TYPE_CHECKING:
-    from libreyolo_core.engine.trainer import Trainer
-
 __all__ = ["default_hooks"]
 
 
-def default_hooks(trainer: Trainer, callbacks: dict[str, list[Callable[[Any], None]]]) -> list[HookBase]:
+def default_hooks(trainer: TrainerView, callbacks: dict[str, list[Callable[[Any], None]]]) -> list[HookBase]:
     """The hooks of ``trainer``'s process, in calling order; rank 0 alone profiles, saves,
     reports and calls ``callbacks``.
 
