@@ -4,9 +4,12 @@
 ``LibreYOLO.train(device="0,1")`` without a torchrun environment ends up in
 :func:`spawn_train`: the caller's weights go to a temporary file, every worker
 (``torch.multiprocessing.spawn``) gets the torchrun variables, rebuilds the model from that
-file and runs the ordinary trainer (which then takes the torchrun path); rank 0 writes its
-result next to the weights for the parent to read. Tests call :func:`spawn_train` with
-``device="cpu"`` to run real 2-process Gloo DDP.
+file and the config from its dump, with the same keys counted as given as in the caller's
+(``model_fields_set``: a resumed rank keeps the checkpoint's value of every key not given,
+see :meth:`~libreyolo_core.engine.resume.Resume.config`), and runs the ordinary trainer
+(which then takes the torchrun path); rank 0 writes its result next to the weights for the
+parent to read. Tests call :func:`spawn_train` with ``device="cpu"`` to run real
+2-process Gloo DDP.
 """
 
 from __future__ import annotations
@@ -105,9 +108,11 @@ def _visible_devices(cuda_ids: list[int] | None):
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights: str | None,
-            callbacks: dict[str, list[Callable]] | None, result_path: str) -> None:
-    """One spawned rank: torchrun variables, the model from ``weights``, the trainer."""
+def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], given: list[str],
+            weights: str | None, callbacks: dict[str, list[Callable]] | None, result_path: str) -> None:
+    """One spawned rank: torchrun variables, the config from its dump ``cfg`` with the
+    caller's ``given`` keys (its ``model_fields_set``) as the only ones set, the model from
+    ``weights``, the trainer."""
     from libreyolo_core.distributed.context import destroy_distributed, exit_rank
     from libreyolo_core.engine.trainer import Trainer, TrainingInterrupted
     from libreyolo_core.models.registry import parse_model_name
@@ -118,6 +123,9 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], weights:
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks must not oversubscribe cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     config = TrainConfig(**cfg)
+    # As resolve_config: only the caller's keys count as given (the dump holds every field,
+    # and a resumed run keeps the checkpoint's value of each key not given).
+    object.__setattr__(config, "__pydantic_fields_set__", set(given))
     model = None
     if weights is not None:
         family, size = parse_model_name(config.model)
@@ -148,7 +156,8 @@ def spawn_train(
     Args:
         cfg: the resolved config; ``batch`` is the global batch (resolve ``-1`` before:
             :func:`~libreyolo_core.distributed.autobatch.probe_batch`). ``device="cpu"``
-            runs Gloo on the CPU.
+            runs Gloo on the CPU. Every rank sees its ``model_fields_set`` as the keys
+            given (with ``resume``, the checkpoint's config fills the others).
         world_size: number of processes (one per device).
         model: starting weights (ignored when ``cfg.resume`` names a checkpoint);
             ``None`` = fresh weights built under ``cfg.seed`` on rank 0.
@@ -189,8 +198,9 @@ def spawn_train(
         port = free_port()
         with _visible_devices(cuda_ids):
             context = torch.multiprocessing.start_processes(
-                _worker, args=(world_size, port, cfg.model_dump(mode="json"), weights, callbacks,
-                               result_path), nprocs=world_size, join=False, start_method="spawn",
+                _worker, args=(world_size, port, cfg.model_dump(mode="json"), sorted(cfg.model_fields_set),
+                               weights, callbacks, result_path),
+                nprocs=world_size, join=False, start_method="spawn",
             )
         _join(context)
         result = json.loads(Path(result_path).read_text(encoding="utf-8"))

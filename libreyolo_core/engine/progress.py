@@ -1,7 +1,7 @@
 """What a run tells its reader: ``events.jsonl``'s run and epoch events, printed lines,
-tqdm bars. Rank 0 only: :func:`~libreyolo_core.engine.hooks.default_hooks` puts the hook that
-reports (:class:`~libreyolo_core.engine.hooks.progress.ProgressHook`) in rank 0's list alone,
-so nothing here asks for the rank.
+tqdm bars. Rank 0 only: :func:`~libreyolo_core.engine.hooks.policy.default_hooks` puts the
+hook that reports (:class:`~libreyolo_core.engine.hooks.progress.ProgressHook`) in rank 0's
+list alone, so nothing here asks for the rank.
 
 Progress comes at every ``log_interval`` steps, at the epoch's last step and at least every
 :data:`PROGRESS_EVERY_S` seconds; a tqdm bar when stderr is a terminal, printed lines when

@@ -49,8 +49,8 @@ from libreyolo_core.engine.hooks import (
     EpochOutcome,
     HookBase,
     NonFiniteGuard,
-    default_hooks,
 )
+from libreyolo_core.engine.hooks.policy import default_hooks
 from libreyolo_core.engine.nonfinite import BatchNormGuard
 from libreyolo_core.engine.resume import Resume
 from libreyolo_core.engine.run import Run, prepare_run
@@ -239,7 +239,7 @@ class Trainer:
     # -- set-up -----------------------------------------------------------------------
     def _setup(self) -> None:
         """Prepare the run (:func:`~libreyolo_core.engine.run.prepare_run`) and build this
-        rank's hooks (:func:`~libreyolo_core.engine.hooks.default_hooks`)."""
+        rank's hooks (:func:`~libreyolo_core.engine.hooks.policy.default_hooks`)."""
         run = prepare_run(self.cfg, model=self._model_in, resume=self._resume_in, data=self._data_in,
                           on_dist=self._joined)
         self._run = run

@@ -3,8 +3,10 @@
 The graph is read from the source with ``ast``, not from ``sys.modules``: every import
 counts, also those under ``if TYPE_CHECKING:`` and those inside functions, since each is a
 dependency a reader must follow. An edge goes from a module to the module it names
-(``from a.b import c`` names ``a.b.c`` when that is a module, ``a.b`` otherwise); a circle
-is a strongly connected component of more than one module.
+(``from a.b import c`` names ``a.b.c`` when that is a module, ``a.b`` otherwise), and to
+every package above it that the importer is not inside (importing ``a.b.c`` runs
+``a/b/__init__.py``: a package ``__init__`` that imports back is a circle too); a circle is a
+strongly connected component of more than one module.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # config -> models.registry -> models.family -> config (the last one under TYPE_CHECKING:
-# a family's builders take the TrainConfig they are given)
-ALLOWED = {frozenset({"libreyolo_core.config", "libreyolo_core.models.family",
-                      "libreyolo_core.models.registry"})}
+# a family's builders take the TrainConfig they are given); models.registry runs
+# models/__init__, which registers the families, whose modules name config the same way
+ALLOWED = {frozenset({"libreyolo_core.config", "libreyolo_core.models", "libreyolo_core.models.family",
+                      "libreyolo_core.models.registry", "libreyolo_core.models.yolo9.family",
+                      "libreyolo_core.models.yolox.family"})}
 
 
 def _modules(root: Path, package: str) -> dict[str, tuple[Path, bool]]:
@@ -43,8 +47,21 @@ def _named(node: ast.Import | ast.ImportFrom, base: str, mods: dict[str, tuple[P
     return [f"{src}.{a.name}" if f"{src}.{a.name}" in mods else src for a in node.names]
 
 
+def _packages_run(target: str, importer_pkg: str, mods: dict[str, tuple[Path, bool]]) -> list[str]:
+    """The packages above ``target`` whose ``__init__`` importing it runs: all but those
+    ``importer_pkg`` (the importer's own package) is inside, which are already running."""
+    out = []
+    pkg = target.rpartition(".")[0]
+    while pkg in mods:
+        if importer_pkg != pkg and not importer_pkg.startswith(pkg + "."):
+            out.append(pkg)
+        pkg = pkg.rpartition(".")[0]
+    return out
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """``{module: modules of the package it imports}``, every import statement counted."""
+    """``{module: modules of the package it imports}``, every import statement counted, with
+    the package ``__init__`` modules each import runs."""
     mods = _modules(root, package)
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, (path, is_pkg) in mods.items():
@@ -57,6 +74,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != name:
                     graph[name].add(target)
+                    graph[name].update(p for p in _packages_run(target, base, mods) if p != name)
     return graph
 
 
@@ -115,6 +133,23 @@ def test_the_checker_sees_type_only_and_function_level_imports(tmp_path):
     (pkg / "c.py").write_text("import pkg.a\n")
     (pkg / "d.py").write_text("from pkg import a\n")  # into the circle, not part of it
     graph = import_graph(tmp_path, "pkg")
-    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"}
+    assert graph["pkg.a"] == {"pkg.sub.b", "pkg.sub"} and graph["pkg.sub.b"] == {"pkg.c"}
     assert graph["pkg.sub"] == {"pkg.sub.b"}
-    assert circles(graph) == {frozenset({"pkg.a", "pkg.sub.b", "pkg.c"})}
+    # pkg.sub: importing pkg.sub.b runs its __init__
+    assert circles(graph) == {frozenset({"pkg.a", "pkg.sub", "pkg.sub.b", "pkg.c"})}
+
+
+def test_the_checker_sees_a_package_init_that_imports_back(tmp_path):
+    """``pkg.e`` imports only ``pkg.hooks.base``, but that runs ``pkg/hooks/__init__.py``,
+    which imports ``pkg.policy``, which imports ``pkg.e`` (the old hooks/policy circle)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "hooks").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "hooks" / "__init__.py").write_text("from pkg.hooks.base import H\nfrom pkg.policy import p\n")
+    (pkg / "hooks" / "base.py").write_text("class H:\n    pass\n")
+    (pkg / "policy.py").write_text("def p():\n    from pkg.e import E\n")
+    (pkg / "e.py").write_text("from pkg.hooks.base import H\nclass E(H):\n    pass\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.e"] == {"pkg.hooks.base", "pkg.hooks"}
+    assert graph["pkg.hooks"] == {"pkg.hooks.base", "pkg.policy"}  # its own package: not again
+    assert circles(graph) == {frozenset({"pkg.hooks", "pkg.policy", "pkg.e"})}

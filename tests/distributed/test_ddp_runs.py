@@ -319,3 +319,48 @@ def test_a_compile_failure_under_ddp_trains_eager_on_every_rank(sample_yaml, tmp
     assert reports[0]["epochs_completed"] == 1
     # one line for the job: ranks other than 0 log errors only (distributed/context.py)
     assert err.count("continuing eager for the rest of the run") == 1
+
+
+class EpochsAtStart:
+    """A picklable callback: writes the run's ``epochs`` (the resolved config) to a file at
+    ``on_train_start`` and stops the run when it is not ``want`` (so a wrong schedule costs
+    one epoch, not hundreds)."""
+
+    def __init__(self, path: Path, want: int):
+        self.path, self.want = path, want
+
+    def __call__(self, trainer) -> None:
+        self.path.write_text(str(trainer.cfg.epochs))
+        if trainer.cfg.epochs != self.want:
+            trainer.request_stop(f"epochs={trainer.cfg.epochs}, want {self.want}")
+
+
+def _stop_after_one(trainer) -> None:
+    trainer.request_stop("test stop")
+
+
+def test_spawned_resume_without_epochs_keeps_the_checkpoints_epochs(sample_yaml, tmp_path, monkeypatch):
+    """Each spawned rank rebuilds the config from a dump of it: it must see the same keys as
+    given as the parent (here: no ``epochs``), so the resumed run keeps the checkpoint's
+    ``epochs=2`` rather than the default 300."""
+    import libreyolo_core.engine.train_run as train_run
+    from libreyolo_core.engine.trainer import TrainingInterrupted
+
+    run_keys = {**RUN, "imgsz": 64}
+    with pytest.raises(TrainingInterrupted):  # one process is enough to cut a run after epoch 1
+        LibreYOLO("yolo9-t").train(data=sample_yaml, project=tmp_path / "runs", name="cut",
+                                   callbacks={"on_epoch_end": [_stop_after_one]}, **run_keys)
+    last = tmp_path / "runs" / "cut" / "weights" / "last.pt"
+    assert load_checkpoint(last)["epoch"] == 0 and load_checkpoint(last)["config"]["epochs"] == 2
+
+    real = train_run.parse_devices
+    monkeypatch.setattr(train_run, "parse_devices", lambda d: ["cpu", "cpu"] if d == "0,1" else real(d))
+    seen = tmp_path / "epochs.txt"
+    try:  # no epochs=: the checkpoint's 2
+        result = LibreYOLO("yolo9-t").train(resume=str(last), device="0,1",
+                                            callbacks={"on_train_start": [EpochsAtStart(seen, 2)]})
+    except TrainingInterrupted:
+        result = None
+    assert seen.read_text() == "2"
+    assert result is not None and result["epochs_completed"] == 2
+    assert [int(r["epoch"]) for r in _epoch_rows(last.parent.parent)] == [1, 2]

@@ -135,8 +135,8 @@ def test_hook_order_export_before_run_end_trackers_before_callbacks(monkeypatch)
         NonFiniteGuard,
         ProgressHook,
         ReportHook,
-        default_hooks,
     )
+    from libreyolo_core.engine.hooks.policy import default_hooks
     from libreyolo_core.engine.trackers import MlflowHook, TensorBoardHook
     from libreyolo_core.export.hook import ExportHook
 

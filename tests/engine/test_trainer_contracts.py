@@ -32,8 +32,8 @@ from libreyolo_core.engine.hooks import (
     ReportHook,
     ValidationHook,
     WatchdogHook,
-    default_hooks,
 )
+from libreyolo_core.engine.hooks.policy import default_hooks
 from libreyolo_core.engine.resume import Resume, open_resume, resume_path
 from libreyolo_core.engine.state import TrainState
 

@@ -2,7 +2,8 @@
 
 The loop (:class:`~libreyolo_core.engine.trainer.Trainer`) calls each hook point on every
 hook of its list, in list order (:func:`default_hooks` builds the list once, when the
-process's rank is known, so "rank 0 only" is decided there and nowhere else)::
+process's rank is known, so "rank 0 only" is decided there and nowhere else; it lives in
+:mod:`.policy`, which this package does not import)::
 
     before_train
     for each epoch:
@@ -28,6 +29,11 @@ The package: :mod:`.base` is the contract (:class:`HookBase`, the epoch's
 :mod:`.policy` is :func:`default_hooks`, the only place that decides which hooks run, in
 which order, on which rank. A hook module imports the contract, never the policy or the
 trainer, not even for types: :class:`~.base.TrainerView` stands for it.
+
+This ``__init__`` imports the contract and the hooks, not the policy (import
+``default_hooks`` from :mod:`libreyolo_core.engine.hooks.policy`): the policy imports the
+tracker and export hooks, whose modules import :mod:`.base` and so run this ``__init__``;
+importing the policy here made that a circle.
 """
 
 from libreyolo_core.engine.hooks.base import (
@@ -41,7 +47,6 @@ from libreyolo_core.engine.hooks.callbacks import CallbackHook
 from libreyolo_core.engine.hooks.checkpoint import CheckpointHook
 from libreyolo_core.engine.hooks.guard import MAX_NONFINITE_STREAK, NonFiniteGuard
 from libreyolo_core.engine.hooks.mosaic import MosaicSwitchHook
-from libreyolo_core.engine.hooks.policy import default_hooks
 from libreyolo_core.engine.hooks.profile import ProfilerHook
 from libreyolo_core.engine.hooks.progress import ProgressHook
 from libreyolo_core.engine.hooks.report import ReportHook
@@ -50,4 +55,4 @@ from libreyolo_core.engine.hooks.watchdog import WatchdogHook
 
 __all__ = ["HookBase", "TrainerView", "EpochMeter", "EpochOutcome", "MosaicSwitchHook", "NonFiniteGuard", "ValidationHook",
            "ReportHook", "CheckpointHook", "CallbackHook", "WatchdogHook", "ProfilerHook", "ProgressHook",
-           "default_hooks", "CALLBACK_EVENTS", "MAX_NONFINITE_STREAK"]
+           "CALLBACK_EVENTS", "MAX_NONFINITE_STREAK"]

@@ -26,8 +26,9 @@ def default_hooks(trainer: TrainerView, callbacks: dict[str, list[Callable[[Any]
     The order is the contract: the profiler closes a step before anything else is timed;
     validation decides the best epoch before the checkpoint is written, and both come
     before the ``epoch_end`` event and the user's ``on_epoch_end``. The export and tracker
-    hooks are imported here, when asked for: their modules import the contract
-    (:mod:`.base`), whose package imports this policy.
+    hooks are imported here, when asked for (they are optional and import heavier modules);
+    their modules import the contract (:mod:`.base`), whose package does not import this
+    policy, so no import circle.
     """
     main, cfg = trainer.dist.is_main, trainer.cfg
     hooks: list[HookBase] = [WatchdogHook(), MosaicSwitchHook()]  # first: sees every step
