@@ -117,6 +117,11 @@ class AugmentConfig(BaseModel):
                                "from the last N images each loader worker loaded (Ultralytics' "
                                "buffer; ~1 decode per mosaic, samples then depend on worker count "
                                "and load order, docs/performance.md); 0 = off, from the whole set")
+    mosaic_partners: Literal["dataset", "batch"] = Field(
+        "dataset", description="where a mosaic's 3 partner tiles (and a mixup's partner) come "
+        "from: dataset (any image, LibreYOLO 1.6.0's draws) or batch (the other images of the "
+        "same batch: ~1 decode per sample, samples stay a pure function of seed, epoch and "
+        "batch; batches of 8 or more, docs/performance.md)")
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -197,6 +202,7 @@ class TrainConfig(BaseModel):
     flipud: float = _augment("flipud")
     fliplr: float = _augment("fliplr")
     mosaic_buffer: int = _augment("mosaic_buffer")
+    mosaic_partners: Literal["dataset", "batch"] = _augment("mosaic_partners")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
     no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
@@ -391,6 +397,10 @@ class TrainConfig(BaseModel):
             raise ValueError(f"loader=gpu does not support mosaic_buffer={self.mosaic_buffer} (the "
                              "buffer keeps decoded images in the loader workers; the gpu loader's "
                              "workers only read files): use mosaic_buffer=0 or loader=cpu")
+        if self.mosaic_partners == "batch" and (self.mosaic_buffer or self.loader == "gpu"):
+            other = f"mosaic_buffer={self.mosaic_buffer}" if self.mosaic_buffer else "loader=gpu"
+            raise ValueError(f"mosaic_partners=batch does not combine with {other} (each picks the "
+                             "mosaic's partner tiles its own way): use one of them")
         if self.profile_then_stop and not self.profile:
             raise ValueError("profile_then_stop=True needs profile=True")
         if self.preflight and self.profile_then_stop:

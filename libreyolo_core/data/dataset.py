@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import warnings
 from collections import deque
@@ -46,16 +47,19 @@ from libreyolo_core.data.image import (
     load_image_fast as load_image,  # Pillow-exact, OpenCV for JPEGs
 )
 from libreyolo_core.data.image_cache import SharedImageCache, estimate_cache
+from libreyolo_core.data.loader import Batch, batch_targets
 from libreyolo_core.data.report import DatasetWarning, ImageRecord, ScanReport
 from libreyolo_core.data.scan_cache import writable_dir
 from libreyolo_core.data.workers import local_ranks, usable_cpus
 
-__all__ = ["MosaicBuffer", "YOLODataset"]
+__all__ = ["BatchPartners", "MosaicBuffer", "YOLODataset"]
 
 logger = logging.getLogger(__name__)
 
 #: Boxes narrower or lower than this (pixels) are dropped from augmented samples.
 MIN_BOX_SIDE = 1.0
+#: ``mosaic_partners="batch"`` applies to batches of at least this many samples.
+MIN_BATCH_PARTNERS = 8
 
 CacheMode = Literal[False, "ram", "disk"]
 
@@ -109,6 +113,37 @@ class MosaicBuffer:
             img = load(j)
             if j in self.order:
                 self.images[j] = img
+        return img
+
+
+class BatchPartners:
+    """``aug.mosaic_partners="batch"``: a mosaic's three partner tiles (and a mixup's
+    partner) are drawn from the other samples of the same batch, whose images the batch
+    decodes anyway, instead of from the whole dataset; each image is decoded once per batch.
+
+    Effect on randomness: a sample still depends only on ``(seed, rank, epoch, index)`` and
+    the batch it is in, which the seeded sampler fixes, so samples stay the same for any
+    number of workers, across a resume and on every rank; what differs from the default is
+    which images meet in a mosaic (images of one shuffled batch, not of the whole set).
+    Batches of fewer than :data:`MIN_BATCH_PARTNERS` samples (a small ``batch``, the last
+    partial batch) draw from the dataset as by default.
+    """
+
+    def __init__(self, indices: Sequence[int]) -> None:
+        self.indices = [int(i) for i in indices]
+        self.pos = 0
+        self.images: dict[int, np.ndarray] = {}
+
+    def draw(self, rng: np.random.Generator, k: int) -> list[int]:
+        """``k`` partner indices for the sample at :attr:`pos`, uniform over the others."""
+        others = self.indices[: self.pos] + self.indices[self.pos + 1 :]
+        return [others[int(p)] for p in rng.integers(0, len(others), size=k)]
+
+    def image(self, j: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
+        """Image ``j``'s pixels, decoded once per batch."""
+        img = self.images.get(j)
+        if img is None:
+            img = self.images[j] = load(j)
         return img
 
 
@@ -173,6 +208,7 @@ class YOLODataset(Dataset):
         self._ram: SharedImageCache | None = None
         buffer = min(int(getattr(self.aug, "mosaic_buffer", 0)), len(self.records))
         self._buffer = MosaicBuffer(buffer) if self.augment and buffer > 0 else None
+        self._partners: BatchPartners | None = None  # set while __getitems__ builds a batch
         if self.cache == "ram":
             self._fill_ram_cache()
         if self.cache == "disk":
@@ -345,6 +381,8 @@ class YOLODataset(Dataset):
         h, s = self.aug, self.imgsz
         if self._buffer is not None:
             others = self._buffer.draw(i, rng)
+        elif self._partners is not None:
+            others = self._partners.draw(rng, 3)
         else:
             others = [int(j) for j in rng.integers(0, len(self), size=3)]
         idx = [i, *others]
@@ -371,7 +409,15 @@ class YOLODataset(Dataset):
     def _tile(self, j: int) -> np.ndarray:
         if self._buffer is not None:
             return self._buffer.image(j, self.load_image)
+        if self._partners is not None:
+            return self._partners.image(j, self.load_image)
         return self.load_image(j)
+
+    def _partner(self, rng: np.random.Generator) -> int:
+        """One partner index (a mixup's): from the batch with ``mosaic_partners="batch"``."""
+        if self._partners is not None:
+            return self._partners.draw(rng, 1)[0]
+        return int(rng.integers(0, len(self)))
 
     def _augmented(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bool]:
         h = self.aug
@@ -380,7 +426,7 @@ class YOLODataset(Dataset):
         if not use_mosaic:
             img, lab = self._letterboxed(i)
             if mosaic_on and h.mixup > 0 and rng.random() < h.mixup:
-                img2, lab2 = self._letterboxed(int(rng.integers(0, len(self))))
+                img2, lab2 = self._letterboxed(self._partner(rng))
                 img, lab = A.mixup(img, lab, img2, lab2, rng)
             if h.hsv_prob > 0 and rng.random() < h.hsv_prob:
                 img = A.augment_hsv(img, rng, h.hsv_h, h.hsv_s, h.hsv_v)
@@ -395,7 +441,7 @@ class YOLODataset(Dataset):
             plan = self._mosaic_plan(i, rng)
             plan2, ratio = None, 0.0
             if h.mixup > 0 and rng.random() < h.mixup:
-                plan2 = self._mosaic_plan(int(rng.integers(0, len(self))), rng)
+                plan2 = self._mosaic_plan(self._partner(rng), rng)
                 ratio = float(rng.beta(32.0, 32.0))
             hsv = (A.hsv_deltas(rng, h.hsv_h, h.hsv_s, h.hsv_v)
                    if h.hsv_prob > 0 and rng.random() < h.hsv_prob else None)
@@ -412,8 +458,9 @@ class YOLODataset(Dataset):
         keep = (lab[:, 3] - lab[:, 1] > MIN_BOX_SIDE) & (lab[:, 4] - lab[:, 2] > MIN_BOX_SIDE)
         return img, lab[keep], use_mosaic
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """Sample ``index`` (see the module docstring for shapes and units)."""
+    def _sample(self, index: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        """Sample ``index`` before it becomes tensors: ``(H, W, 3)`` uint8 RGB, ``(n, 5)``
+        labels, meta."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
         index = index % len(self)
@@ -432,9 +479,46 @@ class YOLODataset(Dataset):
             img, lab, meta["mosaic"] = self._augmented(index, rng)
         else:
             img, lab = self._letterboxed(index)
-        image = torch.from_numpy(_to_chw(img))
-        labels = torch.from_numpy(np.ascontiguousarray(lab, dtype=np.float32).reshape(-1, 5))
-        return image, labels, meta
+        return img, np.ascontiguousarray(lab, dtype=np.float32).reshape(-1, 5), meta
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Sample ``index`` (see the module docstring for shapes and units)."""
+        img, lab, meta = self._sample(index)
+        image = torch.empty((3, *img.shape[:2]), dtype=torch.uint8)
+        _to_chw(img, image.numpy())
+        return image, torch.from_numpy(lab), meta
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        """A whole batch (``DataLoader`` calls this instead of ``__getitem__`` per index):
+        the same samples, in the same order, but each image is written straight into its
+        slot of one ``uint8 (B, 3, S, S)`` tensor, so no per-sample image tensor is made
+        and the collate does not copy them again with ``torch.stack``. In a loader worker
+        the batch tensor is allocated in shared memory, as ``default_collate`` does, so
+        sending it to the training process does not copy it either. With
+        ``aug.mosaic_partners="batch"`` the mosaics draw their partners from this batch
+        (:class:`BatchPartners`).
+
+        Raises:
+            IndexError: an index out of range. ValueError: no indices.
+        """
+        if not len(indices):
+            raise ValueError("__getitems__() got no indices")
+        s = self.imgsz
+        images = _batch_tensor((len(indices), 3, s, s))
+        labels, metas = [], []
+        if self.augment and self.aug.mosaic_partners == "batch" and len(indices) >= MIN_BATCH_PARTNERS:
+            self._partners = BatchPartners([i % len(self) for i in indices])
+        try:
+            for k, index in enumerate(indices):
+                if self._partners is not None:
+                    self._partners.pos = k
+                img, lab, meta = self._sample(index)
+                _to_chw(img, images[k].numpy())
+                labels.append(torch.from_numpy(lab))
+                metas.append(meta)
+        finally:
+            self._partners = None
+        return Batch(images, batch_targets(labels), metas)
 
     def __repr__(self) -> str:
         return (
@@ -443,12 +527,27 @@ class YOLODataset(Dataset):
         )
 
 
-def _to_chw(img: np.ndarray) -> np.ndarray:
-    """``(H, W, 3)`` -> a new contiguous ``(3, H, W)`` array. ``cv2.split`` into the planes
-    of the output: ~7x faster than numpy's strided transpose copy (0.09 vs 0.65 ms at 640)."""
-    out = np.empty((3, *img.shape[:2]), np.uint8)
+def _to_chw(img: np.ndarray, out: np.ndarray) -> None:
+    """``(H, W, 3)`` -> ``out``, a contiguous ``(3, H, W)`` uint8 array. ``cv2.split`` into
+    the planes of the output: ~7x faster than numpy's strided transpose copy (0.09 vs
+    0.65 ms at 640).
+
+    Raises:
+        ValueError: ``img`` is not ``(H, W, 3)`` of ``out``'s size (a letterbox or mosaic of
+            another size would otherwise be written out of place).
+    """
+    if img.shape != (*out.shape[1:], 3):
+        raise ValueError(f"image of shape {img.shape} does not fit a batch slot {out.shape}")
     cv2.split(np.ascontiguousarray(img), [out[0], out[1], out[2]])
-    return out
+
+
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor, in shared memory inside a loader worker (where it will
+    be sent to the training process), in ordinary memory elsewhere."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 def _parse_cache(cache: Any) -> CacheMode:

@@ -129,14 +129,18 @@ def plan_sample(ds: YOLODataset, i: int) -> SamplePlan:
     order of the CPU pipeline's letterbox branch gives the same image).
 
     Raises:
-        ValueError: ``ds`` has ``augment=False`` or a mosaic buffer (its tiles depend on
-            decoded pixels kept in the worker; ``loader=gpu`` refuses it).
+        ValueError: ``ds`` has ``augment=False``, a mosaic buffer (its tiles depend on
+            decoded pixels kept in the worker; ``loader=gpu`` refuses it) or
+            ``mosaic_partners="batch"`` (its partners depend on the batch).
     """
     if not ds.augment:
         raise ValueError("plan_sample needs an augmenting dataset (augment=True)")
     if ds._buffer is not None:
         raise ValueError("loader=gpu does not support mosaic_buffer > 0 (the buffer keeps "
                          "decoded images in the loader workers); use mosaic_buffer=0")
+    if ds.aug.mosaic_partners == "batch":
+        raise ValueError("loader=gpu does not support mosaic_partners=batch (its workers plan "
+                         "one sample at a time); use mosaic_partners=dataset")
     rng = np.random.default_rng([ds.seed, ds.rank, ds.epoch, i])
     h, s = ds.aug, ds.imgsz
     mosaic_on = ds.mosaic_enabled

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from libreyolo_core.data.workers import single_threaded_cv2, usable_cpus
 
-__all__ = ["Batch", "YOLODataLoader", "build_dataloader", "check_loader_args", "collate", "seed_worker"]
+__all__ = ["Batch", "YOLODataLoader", "batch_targets", "build_dataloader", "check_loader_args", "collate",
+           "seed_worker"]
 
 
 @dataclass
@@ -64,8 +65,18 @@ class Batch:
         return int(self.images.shape[0])
 
 
-def collate(samples: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]) -> Batch:
-    """Stack ``YOLODataset`` samples into a :class:`Batch`.
+def batch_targets(labels: list[torch.Tensor]) -> torch.Tensor:
+    """Per-image ``(n_i, 5)`` labels -> the batch's ``float32 (N, 6)`` targets
+    ``[batch_idx, cls, x1, y1, x2, y2]``."""
+    return torch.cat([
+        torch.cat([torch.full((len(lab), 1), float(i)), lab.reshape(-1, 5).float()], 1)
+        for i, lab in enumerate(labels)
+    ], 0)
+
+
+def collate(samples: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]] | Batch) -> Batch:
+    """Stack ``YOLODataset`` samples into a :class:`Batch`; a :class:`Batch` (what
+    ``YOLODataset.__getitems__`` already built) is returned as it is.
 
     Args:
         samples: ``[(image (3, S, S) uint8, labels (n_i, 5) float32, meta), ...]``, all
@@ -74,17 +85,15 @@ def collate(samples: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]) ->
     Raises:
         ValueError: empty list or images of different shapes.
     """
+    if isinstance(samples, Batch):
+        return samples
     if not samples:
         raise ValueError("collate() got no samples")
     images, labels, metas = zip(*samples, strict=True)
     shapes = {tuple(im.shape) for im in images}
     if len(shapes) != 1:
         raise ValueError(f"collate() needs equal image shapes, got {sorted(shapes)}")
-    targets = [
-        torch.cat([torch.full((len(lab), 1), float(i)), lab.reshape(-1, 5).float()], 1)
-        for i, lab in enumerate(labels)
-    ]
-    return Batch(torch.stack(images, 0), torch.cat(targets, 0), list(metas))
+    return Batch(torch.stack(images, 0), batch_targets(list(labels)), list(metas))
 
 
 def seed_worker(worker_id: int, seed: int = 0, rank: int = 0) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from libreyolo_core.config import AugmentConfig, resolve_config
 from libreyolo_core.data import augment as A
@@ -267,6 +268,30 @@ def test_mosaic_buffer_keeps_the_statistics(report) -> None:
     buffered = YOLODataset(report, S, augment=True, aug=aug, seed=5)
     ref = YOLODataset(report, S, augment=True, aug=RECIPES["yolo9"], seed=0, cache="ram")
     assert distribution_differences(collect(new_samples(buffered)), collect(old_samples(ref))) == []
+
+
+def batched_samples(ds: YOLODataset, batch: int = 16, epochs: int = EPOCHS):
+    """Samples the way the training loader makes them: whole shuffled batches through
+    ``__getitems__`` (where ``mosaic_partners="batch"`` applies)."""
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        order = np.random.default_rng([9, epoch]).permutation(len(ds))
+        for k in range(0, len(ds), batch):
+            b = ds.__getitems__([int(i) for i in order[k : k + batch]])
+            counts = torch.bincount(b.targets[:, 0].long(), minlength=len(b)).tolist()
+            for img, lab in zip(b.images, b.targets[:, 1:].split(counts), strict=True):
+                yield img.permute(1, 2, 0).numpy(), lab.numpy()
+
+
+def test_batch_partners_keep_the_statistics(report) -> None:
+    """``mosaic_partners="batch"`` changes which images meet in a mosaic (images of one
+    batch), not what a sample looks like on average: the same statistics hold against the
+    old pipeline (other seed)."""
+    aug = RECIPES["yolo9"].model_copy(update={"mosaic_partners": "batch", "mixup": 0.5})
+    ds = YOLODataset(report, S, augment=True, aug=aug, seed=5)
+    ref_aug = RECIPES["yolo9"].model_copy(update={"mixup": 0.5})
+    ref = YOLODataset(report, S, augment=True, aug=ref_aug, seed=0, cache="ram")
+    assert distribution_differences(collect(batched_samples(ds)), collect(old_samples(ref))) == []
 
 
 def test_less_augmentation_is_detected(report) -> None:

@@ -141,3 +141,91 @@ def test_batch_to_keeps_metas(report, tmp_path: Path) -> None:
     b = next(iter(build_dataloader(ds, 2, 0, shuffle=False)))
     moved = b.to("cpu")
     assert moved.metas is b.metas and torch.equal(moved.images, b.images)
+
+
+@pytest.mark.parametrize("augment", [True, False])
+def test_whole_batch_path_equals_samples_collated(report, augment: bool) -> None:
+    """``YOLODataset.__getitems__`` writes each image straight into the batch tensor (in
+    shared memory inside a worker): the batches are the ones ``__getitem__`` + ``collate``
+    give, with workers and without."""
+    aug = AugmentConfig(mosaic=1.0, mixup=0.5)
+    ds = YOLODataset(report, S, augment=augment, aug=aug, seed=5)
+    ds.set_epoch(3)
+    idx = [4, 0, 11, 4, 7]
+    whole = ds.__getitems__(idx)
+    single = collate([ds[i] for i in idx])
+    assert whole.images.shape == (5, 3, S, S) and whole.images.is_contiguous()
+    assert torch.equal(whole.images, single.images)
+    assert torch.equal(whole.targets, single.targets)
+    assert whole.metas == single.metas
+    assert collate(whole) is whole
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, 12])
+
+    class PerSample(YOLODataset):
+        __getitems__ = None  # DataLoader falls back to __getitem__ + collate
+
+    for workers in (0, 2):
+        loaders = []
+        for cls in (YOLODataset, PerSample):
+            d = cls(report, S, augment=augment, aug=aug, seed=5)
+            loaders.append((build_dataloader(d, batch_size=4, workers=workers, shuffle=True, seed=5), d))
+        got, want = (_epoch(ld, d, 1) for ld, d in loaders)
+        assert len(got) == len(want) == 3
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+            assert a.metas == b.metas
+
+
+def test_batch_partners_come_from_the_batch_and_do_not_depend_on_workers(report, monkeypatch) -> None:
+    """``mosaic_partners="batch"``: every tile of a batch's mosaics (and of a mosaic mixup)
+    is an image of that batch, each decoded once per batch; batches stay identical with 0
+    or 2 workers; a batch under MIN_BATCH_PARTNERS draws from the dataset."""
+    from libreyolo_core.data import dataset as dataset_mod
+
+    aug = AugmentConfig(mosaic=1.0, mixup=1.0, mosaic_partners="batch")
+    ds = YOLODataset(report, S, augment=True, aug=aug, seed=2)
+    seen: list[list[int]] = []
+    decoded: list[int] = []
+    plan, load = ds._mosaic_plan, ds.load_image
+
+    def spy_plan(i, rng):
+        p = plan(i, rng)
+        seen.append(p.idx)
+        return p
+
+    def spy_load(j):
+        decoded.append(j)
+        return load(j)
+
+    monkeypatch.setattr(ds, "_mosaic_plan", spy_plan)
+    monkeypatch.setattr(ds, "load_image", spy_load)
+    idx = [3, 1, 4, 0, 5, 9, 2, 6]
+    ds.__getitems__(idx)
+    assert len(seen) == 16  # one mosaic per sample and one for its mixup
+    assert {j for tiles in seen for j in tiles} <= set(idx)
+    assert len(decoded) == len(set(decoded)) <= len(idx)
+    seen.clear()
+    ds.__getitems__(idx[:7])  # under MIN_BATCH_PARTNERS: partners from the whole set
+    assert dataset_mod.MIN_BATCH_PARTNERS == 8
+    assert not {j for tiles in seen for j in tiles} <= set(idx[:7])
+    monkeypatch.undo()
+
+    batches = []
+    for workers in (0, 2):
+        d = YOLODataset(report, S, augment=True, aug=aug, seed=2)
+        batches.append(_epoch(build_dataloader(d, batch_size=8, workers=workers, shuffle=True, seed=2), d, 1))
+    for a, b in zip(*batches, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+
+
+def test_batch_partners_refused_with_a_buffer_or_the_gpu_loader() -> None:
+    from libreyolo_core.config import resolve_config
+
+    assert resolve_config(model="yolo9-t", mosaic_partners="batch").augment.mosaic_partners == "batch"
+    with pytest.raises(Exception, match="mosaic_partners=batch does not combine with mosaic_buffer=64"):
+        resolve_config(model="yolo9-t", mosaic_partners="batch", mosaic_buffer=64)
+    with pytest.raises(Exception, match="mosaic_partners=batch does not combine with loader=gpu"):
+        resolve_config(model="yolo9-t", mosaic_partners="batch", loader="gpu")
+    with pytest.raises(Exception, match="mosaic_partners"):
+        resolve_config(model="yolo9-t", mosaic_partners="everywhere")
