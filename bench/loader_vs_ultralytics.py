@@ -3,8 +3,8 @@
 Prints ONE result line, e.g.::
 
     loader_vs_ultralytics imgsz=640 batch=16 rounds=2 load=1.9: coco128 ours 61.2 img/s,
-    ours+buffer 120.3 (Ultralytics' buffer setting), ultralytics 98.0 img/s -> 0.62x, 1.23x
-    with buffer | coco128x10 ... | coco128-1080p ...
+    ours+buffer 120.3, ours+batch 118.0, ultralytics 98.0 img/s -> 0.62x [0.60-0.64], 1.23x
+    [...] with buffer, 1.20x [...] with batch partners | coco128x10 ... | coco128-1080p ...
 
 Conditions (issue 23): imgsz 640, batch 16, mosaic on, mixup off, HSV, flips and affine
 at each tool's defaults (ours: the yolo9 recipe, ``resolve_config(model="yolo9-t")``;
@@ -28,7 +28,9 @@ Sets, made in a temporary folder from coco128 (``$COCO128`` or ../shared/dataset
 
 "ours+buffer" is ours with ``mosaic_buffer = min(n, 8 x batch, 1000)``, Ultralytics'
 buffer size: about one decode per mosaic instead of four, at the randomness cost
-docs/performance.md states; it is off by default.
+docs/performance.md states; it is off by default. "ours+batch" is ours with
+``mosaic_partners=batch`` (partners from the same batch: about one decode per sample,
+samples still a pure function of seed, epoch and batch); also off by default.
 
 Ultralytics is never installed in the product: give a virtual environment that has
 ``ultralytics`` (8.4.190 measured) with ``--ultralytics-venv DIR`` or
@@ -91,7 +93,7 @@ OURS = textwrap.dedent("""
     from libreyolo_core.data import YOLODataset, build_dataloader, load_data_config, scan_split
     yaml, imgsz, batch, n_batches, buffer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     report = scan_split(load_data_config(Path(yaml)), "train")
-    aug = resolve_config(model="yolo9-t", mosaic_buffer=buffer).augment
+    aug = resolve_config(model="yolo9-t", mosaic_buffer=buffer, mosaic_partners=sys.argv[6]).augment
     ds = YOLODataset(report, imgsz, augment=True, aug=aug, seed=0)
     loader = build_dataloader(ds, batch, 0, shuffle=True, seed=0, drop_last=True)
     def batches():
@@ -182,8 +184,9 @@ def main() -> None:
             for name, (ours_yaml, ultra_yaml, n) in sets.items():
                 common = [str(ours_yaml), str(a.imgsz), str(a.batch), str(a.batches)]
                 buffer = min(n, 8 * a.batch, 1000)
-                for label, extra in (("ours", "0"), ("ours+buffer", str(buffer))):
-                    r = run([sys.executable, "-c", OURS, *common, extra], env, 900)
+                for label, extra in (("ours", ["0", "dataset"]), ("ours+buffer", [str(buffer), "dataset"]),
+                                     ("ours+batch", ["0", "batch"])):
+                    r = run([sys.executable, "-c", OURS, *common, *extra], env, 900)
                     rates.setdefault((name, label), []).append(r["img_s"])
                 if ultra_py is not None:
                     r = run([str(ultra_py), "-c", ULTRA, str(ultra_yaml), *common[1:]], env, 900)
@@ -194,7 +197,8 @@ def main() -> None:
     parts = []
     for name in sets:
         med = {k: statistics.median(v) for (s, k), v in rates.items() if s == name}
-        text = f"{name} ours {med['ours']:.1f} img/s, ours+buffer {med['ours+buffer']:.1f}"
+        text = (f"{name} ours {med['ours']:.1f} img/s, ours+buffer {med['ours+buffer']:.1f}, "
+                f"ours+batch {med['ours+batch']:.1f}")
         if "ultralytics" in med:
             # the ratio of each round's neighbouring measurements, then their median: a load
             # change between rounds cancels out
@@ -205,7 +209,7 @@ def main() -> None:
                 return f"{statistics.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]"
 
             text += (f", ultralytics {med['ultralytics']:.1f} img/s -> {ratio('ours')}, "
-                     f"{ratio('ours+buffer')} with buffer")
+                     f"{ratio('ours+buffer')} with buffer, {ratio('ours+batch')} with batch partners")
         parts.append(text)
     head = (f"loader_vs_ultralytics imgsz={a.imgsz} batch={a.batch} rounds={a.rounds} "
             f"load={load0:.1f}-{os.getloadavg()[0]:.1f}")
