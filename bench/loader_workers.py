@@ -21,8 +21,8 @@ Prints ONE line, e.g.::
 "not loader-bound from workers=N" is the smallest worker count whose verdict is not
 ``dataloader`` (``none`` when every count tried was loader-bound).
 
-Usage: ``python bench/loader_workers.py [--max-workers 2] [--repeat 3] [--warmup 2]
-[--steps 4] [--before DIR]``
+Usage: ``python bench/loader_workers.py [--max-workers 2] [--repeat 3] [--warmup 1]
+[--steps 3] [--before DIR]``
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--before", type=Path, default=None, help="a checkout of the code before the change")
     a = p.parse_args()
     data = coco128_copy()
