@@ -162,6 +162,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=8, help="timed batches per measurement")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
+    if a.rounds < 1 or a.batches < 1 or a.batch < 1 or a.imgsz < 32:
+        p.error("needs --rounds, --batches and --batch >= 1 and --imgsz >= 32")
 
     src = Path(os.environ.get("COCO128", HERE.parent.parent / "shared" / "datasets" / "coco128"))
     if not (src / "coco128.yaml").is_file():

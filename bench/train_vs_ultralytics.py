@@ -119,18 +119,23 @@ def ultra_yaml(ours: Path) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ultralytics-venv", default=os.environ.get("ULTRALYTICS_VENV"))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--imgsz", type=int, default=320)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--ultralytics-venv", default=os.environ.get("ULTRALYTICS_VENV"),
+                   help="a venv with ultralytics installed (default $ULTRALYTICS_VENV)")
+    p.add_argument("--rounds", type=int, default=3, help="alternated rounds (default 3)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of each run, >= 2 (default 3)")
+    p.add_argument("--imgsz", type=int, default=320, help="default 320")
+    p.add_argument("--batch", type=int, default=16, help="1-128, default 16 (coco128 has 128 images)")
     a = p.parse_args()
+    if a.rounds < 1 or a.epochs < 2 or not 1 <= a.batch <= 128 or a.imgsz < 32 or a.imgsz % 32:
+        p.error("needs --rounds >= 1, --epochs >= 2 (the step is timed after the first epoch), "
+                "--batch 1-128 and --imgsz a multiple of 32")
     data = coco128_copy()
     env = {**os.environ, "OMP_NUM_THREADS": "2", "YOLO_OFFLINE": "1",
            "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     ultra_py = str(Path(a.ultralytics_venv) / "bin" / "python") if a.ultralytics_venv else None
     args = {"epochs": a.epochs, "imgsz": a.imgsz, "batch": a.batch}
     load0 = os.getloadavg()[0]
+    version = ""
     got: dict[str, list[tuple[float, float]]] = {"ours": [], "ours+batch": [], "ultralytics": []}
     batch_keys = {"mosaic_partners": "batch"}
     for r in range(a.rounds):

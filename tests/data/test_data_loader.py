@@ -3,6 +3,7 @@ epoch/close_mosaic state reaching persistent workers."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,19 @@ def test_batch_partners_come_from_the_batch_and_do_not_depend_on_workers(report,
         batches.append(_epoch(build_dataloader(d, batch_size=8, workers=workers, shuffle=True, seed=2), d, 1))
     for a, b in zip(*batches, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+
+
+def test_batch_partners_under_the_minimum_batch_say_so(report) -> None:
+    from libreyolo_core.data.report import DatasetWarning
+
+    ds = YOLODataset(report, S, augment=True, aug=AugmentConfig(mosaic_partners="batch"), seed=2)
+    with pytest.warns(DatasetWarning, match="mosaic_partners=batch needs batches of 8 or more; this rank's batches hold 4"):
+        build_dataloader(ds, batch_size=4, workers=0, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_dataloader(ds, batch_size=8, workers=0, shuffle=True)
+        build_dataloader(YOLODataset(report, S, augment=False, aug=AugmentConfig(mosaic_partners="batch")),
+                         batch_size=2, workers=0, shuffle=False)
 
 
 def test_batch_partners_refused_with_a_buffer_or_the_gpu_loader() -> None:
