@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ _python_format_warning = warnings.formatwarning
 __all__ = ["main", "parse_args", "UsageError"]
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_DATA, EXIT_MODEL, EXIT_SIGTERM = 0, 1, 2, 3, 4, 143
+#: seconds a torchrun rank other than 0 waits after a usage error, so that rank 0 prints it
+RANK_USAGE_ERROR_GRACE_S = 10.0
 
 
 COMMAND_KEYS: dict[str, set[str]] = {
@@ -439,6 +442,11 @@ def run(argv: Sequence[str]) -> int:
         if isinstance(exc, usage_errors + ((device.DeviceError,) if device else ())):
             if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank has the same
                 print(f"error: {exc}", file=sys.stderr)
+            elif int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                # rank 0 says it for the job: a rank that left first would make torchrun stop
+                # rank 0 before it had printed (seen on a loaded machine); torchrun stops this
+                # one as soon as rank 0 has exited
+                time.sleep(RANK_USAGE_ERROR_GRACE_S)
             _record_error(EXIT_USAGE, exc)
             return EXIT_USAGE
         full = disk_full(exc)
