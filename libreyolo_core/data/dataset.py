@@ -488,6 +488,15 @@ class YOLODataset(Dataset):
         _to_chw(img, image.numpy())
         return image, torch.from_numpy(lab), meta
 
+    def check_batch_size(self, batch_size: int) -> None:
+        """One :class:`DatasetWarning` when ``mosaic_partners="batch"`` cannot apply: this
+        rank's batches hold fewer than :data:`MIN_BATCH_PARTNERS` samples (a global
+        ``batch`` is split among the ranks). Called by ``build_dataloader``."""
+        if self.augment and self.aug.mosaic_partners == "batch" and batch_size < MIN_BATCH_PARTNERS:
+            warnings.warn(f"mosaic_partners=batch needs batches of {MIN_BATCH_PARTNERS} or more; this "
+                          f"rank's batches hold {batch_size}, so mosaic partners are drawn from the "
+                          "whole dataset (as mosaic_partners=dataset)", DatasetWarning, stacklevel=4)
+
     def __getitems__(self, indices: list[int]) -> Batch:
         """A whole batch (``DataLoader`` calls this instead of ``__getitem__`` per index):
         the same samples, in the same order, but each image is written straight into its

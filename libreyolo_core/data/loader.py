@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,19 +121,6 @@ def seed_worker(worker_id: int, seed: int = 0, rank: int = 0) -> None:
     random.seed(int(state[1]))
 
 
-def _say_small_batch_partners(dataset: Dataset, batch_size: int) -> None:
-    """One warning when ``mosaic_partners="batch"`` cannot apply: batches of this rank are
-    under ``MIN_BATCH_PARTNERS`` (a global ``batch`` is split among the ranks)."""
-    from libreyolo_core.data.dataset import MIN_BATCH_PARTNERS, YOLODataset
-    from libreyolo_core.data.report import DatasetWarning
-
-    if (isinstance(dataset, YOLODataset) and dataset.augment
-            and dataset.aug.mosaic_partners == "batch" and batch_size < MIN_BATCH_PARTNERS):
-        warnings.warn(f"mosaic_partners=batch needs batches of {MIN_BATCH_PARTNERS} or more; this "
-                      f"rank's batches hold {batch_size}, so mosaic partners are drawn from the "
-                      "whole dataset (as mosaic_partners=dataset)", DatasetWarning, stacklevel=3)
-
-
 class YOLODataLoader(DataLoader):
     """``DataLoader`` whose worker processes start with OpenCV at one thread (set in the
     parent around their fork, :func:`~libreyolo_core.data.workers.single_threaded_cv2`);
@@ -197,7 +183,9 @@ def build_dataloader(
             ``[0, world_size)``.
     """
     check_loader_args(batch_size, workers, rank, world_size)
-    _say_small_batch_partners(dataset, batch_size)
+    check_batch = getattr(dataset, "check_batch_size", None)  # YOLODataset's (no import circle)
+    if check_batch is not None:
+        check_batch(batch_size)
     workers = min(workers, usable_cpus())
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
