@@ -448,14 +448,18 @@ class Trainer:
 
     def _optimizer_step(self) -> None:
         """Clip, step, update the scaler and the EMA; a step with non-finite gradients is
-        dropped by the guard instead."""
+        dropped by the guard instead. With a clip, the fp32 check reads the clip's total
+        norm: one pass over the gradients, not two (a non-finite norm has scaled them by
+        NaN, and the guard drops them)."""
         parts, scaler = self.parts, self.parts.amp.scaler
-        if not scaler.is_enabled() and not self.guard.grads_finite():
-            return
         with self.phase("optimizer"):
+            norm = None
             if self.cfg.clip_max_norm:
                 scaler.unscale_(parts.optimizer)
-                torch.nn.utils.clip_grad_norm_(parts.model.parameters(), self.cfg.clip_max_norm, foreach=True)
+                norm = torch.nn.utils.clip_grad_norm_(parts.model.parameters(), self.cfg.clip_max_norm,
+                                                      foreach=True)
+            if not scaler.is_enabled() and not self.guard.grads_finite(norm):
+                return
             scale = scaler.get_scale() if scaler.is_enabled() else 0.0
             scaler.step(parts.optimizer)
             scaler.update()

@@ -118,11 +118,13 @@ def test_checkpoint_with_a_nonfinite_tensor_is_never_written(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amp", [True, False], ids=["scaler", "fp32"])
-def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp):
+@pytest.mark.parametrize(("amp", "clip"), [(True, 10.0), (False, 10.0), (False, None)],
+                         ids=["scaler", "fp32", "fp32-noclip"])
+def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp, clip):
     """Gradients that turn inf on forward passes 2 and 6 while the loss stays finite (an
     fp16 backward overflow). ``scaler``: CPU stand-in for fp16 AMP, an enabled GradScaler
-    skips the steps; ``fp32``: the trainer's own gradient check does."""
+    skips the steps; ``fp32``: the trainer's own gradient check does, reading the clip's
+    total norm; ``fp32-noclip``: the check computes the norms itself (YOLOX's default)."""
     seen = {}
 
     def install(trainer):
@@ -144,7 +146,8 @@ def test_steps_with_inf_gradients_leave_no_trace(eight_images, tmp_path, amp):
 
     result = LibreYOLO("yolo9-t").train(data=eight_images, project=tmp_path / "runs",
                                         callbacks={"on_train_start": [install],
-                                                   "on_epoch_end": [after_epoch]}, **RUN)
+                                                   "on_epoch_end": [after_epoch]},
+                                        clip_max_norm=clip, **RUN)
     assert (result["amp_skipped"], result["nonfinite_skipped"]) == ((2, 0) if amp else (0, 2))
     assert seen["updates"] == [3, 6]  # 8 steps, 2 skipped by the scaler
     ckpt = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import math
 
+import torch
+
 from libreyolo_core.engine.hooks.base import HookBase
 from libreyolo_core.engine.nonfinite import NonFiniteLossError, describe_nonfinite, grads_finite
 
@@ -50,11 +52,18 @@ class NonFiniteGuard(HookBase):
         self._skip()
         return False
 
-    def grads_finite(self) -> bool:
+    def grads_finite(self, total_norm: torch.Tensor | None = None) -> bool:
         """fp32 steps: whether every gradient is finite (a finite loss can back-propagate an
-        inf; the fp16 scaler checks itself); if not, count and drop the step."""
+        inf; the fp16 scaler checks itself); if not, count and drop the step.
+
+        ``total_norm``: the gradients' total 2-norm (a 0-d tensor) when the caller already
+        has it (``clip_grad_norm_``'s return); it is finite iff every gradient is, short of
+        an fp32 overflow of the sum of squares (|g| ~ 1e19), which a clip would turn into a
+        zero step anyway. Without it the norms are computed here."""
         st = self.trainer.state
-        if grads_finite(self.trainer.parts.model.parameters()):
+        finite = (bool(torch.isfinite(total_norm)) if total_norm is not None
+                  else grads_finite(self.trainer.parts.model.parameters()))
+        if finite:
             return True
         st.nonfinite_skipped += 1
         st.nonfinite_streak += 1
