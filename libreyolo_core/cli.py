@@ -198,8 +198,8 @@ def _spec_keys(spec: JobSpec, keys: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print_train_result(result: dict[str, Any], cfg: Any, fresh: bool) -> None:
-    """The run's last lines: where the profile or the weights are, the best epoch's mAP,
-    and a note when a validated, not resumed run learned nothing."""
+    """The run's last lines: where the profile or the weights are, the best epoch's mAP
+    (or that nothing was validated), and a note when a validated, not resumed run learned nothing."""
     if cfg.profile_then_stop:  # a profile job: a window of steps, no trained weights
         print(f"done: profile window measured; profile.json and timeline.html in "
               f"{result['save_dir']} (a profile run saves no weights)")
@@ -207,8 +207,12 @@ def _print_train_result(result: dict[str, Any], cfg: Any, fresh: bool) -> None:
     best = result["best_checkpoint"] if Path(result["best_checkpoint"]).is_file() else None
     weights = best or (result["last_checkpoint"] if Path(result["last_checkpoint"]).is_file()
                        else "none saved")
-    print(f"done: best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
-          f"mAP50-95={result.get('mAP50-95', 0):.4f}  weights: {weights}")
+    if cfg.val:
+        score = (f"best epoch {result['best_epoch']} mAP50={result.get('mAP50', 0):.4f} "
+                 f"mAP50-95={result.get('mAP50-95', 0):.4f}")
+    else:  # nothing was measured: a 0.0000 here would read as a result
+        score = f"{result.get('epochs_completed', 0)} epoch(s) trained, not validated (val=False)"
+    print(f"done: {score}  weights: {weights}")
     from libreyolo_core.records.notes import learned_nothing
 
     note = learned_nothing(result, result.get("epochs_completed"), fresh)

@@ -66,7 +66,7 @@ def train_run(det: Detector, cfg: TrainConfig, callbacks: dict[str, list[Callabl
 
     Args:
         det: the starting weights; updated in place (model, classes, checkpoint, size;
-            ``imgsz`` becomes ``cfg.imgsz``).
+            ``imgsz`` becomes the run's: ``cfg.imgsz``, or a resumed checkpoint's).
         cfg: the resolved config (:func:`train_config`); with ``resume``, the run continues
             the checkpoint with the checkpoint's config (``data``, ``device``, ``workers``,
             ``epochs`` as given win) and, when it holds another model, ``det`` becomes it.
@@ -105,7 +105,8 @@ def train_run(det: Detector, cfg: TrainConfig, callbacks: dict[str, list[Callabl
     if best.is_file():
         det.model.load_state_dict(load_checkpoint(best)["model"])
         det.checkpoint = best
-    det.imgsz = cfg.imgsz
+    # a resumed run trained at its checkpoint's imgsz (unless one was given), not the default
+    det.imgsz = (resumed.config(cfg) if resumed is not None else cfg).imgsz
     det.model.eval()
     return result
 

@@ -484,7 +484,8 @@ class Trainer:
             **(st.best_metrics or st.metrics),
             "fitness": st.best_fitness,
             "best_epoch": st.best_epoch,
-            "epochs_completed": st.epoch + 1,
+            # a resumed run with nothing left to train ran no epoch: its checkpoint's count
+            "epochs_completed": st.start_epoch if st.start_epoch >= self.cfg.epochs else st.epoch + 1,
             "save_dir": str(self.run_dir),
             "best_checkpoint": str(weights / "best.pt"),
             "last_checkpoint": str(weights / "last.pt"),

@@ -188,7 +188,8 @@ def test_help_never_imports_torch(args):
 
 def test_the_scan_counts_go_into_run_end(tmp_path):
     """#28.2: label defects were visible only in the log; run_end carries each split's
-    counts, which the worker copies into the job's result (``result.data``)."""
+    counts, which the worker copies into the job's result (``result.data``). A run with
+    ``val=false`` does not print a measured-looking mAP50 of 0."""
     import json
 
     from libreyolo_core.data.sample import generate_sample_dataset
@@ -201,6 +202,9 @@ def test_the_scan_counts_go_into_run_end(tmp_path):
                     "batch=2", "device=cpu", f"project={tmp_path / 'runs'}", "workers=0",
                     "val=false")
     assert out.returncode == 0, out.stderr[-2000:]
+    # val=false measured nothing: the closing line says so instead of "mAP50=0.0000"
+    assert "1 epoch(s) trained, not validated (val=False)" in out.stdout, out.stdout[-500:]
+    assert "mAP50=" not in out.stdout
     events = [json.loads(ln) for ln in next((tmp_path / "runs").rglob("events.jsonl"))
               .read_text().splitlines()]
     data = events[-1]["data"]

@@ -83,6 +83,11 @@ def test_resume_reproduces_the_uninterrupted_run(sample_yaml, tmp_path, caplog):
     ends = [e.status for e in events if e.event == "run_end"]
     assert ends == ["interrupted", "succeeded"]
     assert "changed on resume" not in caplog.text  # same epochs: nothing to say
+    # the finished run resumed once more: nothing trained, its 3 epochs still counted
+    model = LibreYOLO("yolo9-t")
+    again = model.train(data=sample_yaml, resume=str(last))
+    assert again["epochs_completed"] == 3 and len(_rows(tmp_path / "cut")) == 3
+    assert model.imgsz == FAST["imgsz"]  # the run's imgsz, not the default 640
 
 
 def test_resume_with_more_epochs_says_what_it_does_to_the_schedule(sample_yaml, tmp_path, caplog):
