@@ -499,7 +499,14 @@ def resolve_config(overrides: Mapping[str, Any] | None = None, **kwargs: Any) ->
         cfg = TrainConfig(**merged)
     except ValidationError as exc:
         raise _to_config_error(exc, merged) from None
-    # Family defaults are not user choices: keep only the user's keys in fields_set.
+    return with_given(cfg, given)  # family defaults are not user choices
+
+
+def with_given(cfg: TrainConfig, given: Any) -> TrainConfig:
+    """``cfg`` with only the keys in ``given`` counted as the user's (its
+    ``model_fields_set``): a resumed run keeps the checkpoint's value of every other key,
+    and ``describe_config`` calls the rest defaults. Pydantic has no public setter for it
+    (``model_construct(_fields_set=...)`` would skip validation)."""
     object.__setattr__(cfg, "__pydantic_fields_set__", set(given))
     return cfg
 

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import torch
 
-from libreyolo_core.config import TrainConfig
+from libreyolo_core.config import TrainConfig, with_given
 from libreyolo_core.distributed.batch import per_rank_batch
 from libreyolo_core.engine.signals import install_sigterm
 
@@ -122,10 +122,8 @@ def _worker(rank: int, world_size: int, port: int, cfg: dict[str, Any], given: l
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks must not oversubscribe cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    config = TrainConfig(**cfg)
-    # As resolve_config: only the caller's keys count as given (the dump holds every field,
-    # and a resumed run keeps the checkpoint's value of each key not given).
-    object.__setattr__(config, "__pydantic_fields_set__", set(given))
+    # only the caller's keys count as given (the dump holds every field)
+    config = with_given(TrainConfig(**cfg), given)
     model = None
     if weights is not None:
         family, size = parse_model_name(config.model)
