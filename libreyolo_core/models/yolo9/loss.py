@@ -196,7 +196,9 @@ class TaskAlignedAssigner(nn.Module):
         flat = pb * a + pa
         iou_p = iou[pb, pm, pa]
         best = iou.new_full((b * a,), -1.0).scatter_reduce_(0, flat, iou_p, "amax")
-        won = iou_p == best[flat]
+        # (not ``iou_p == best``: a NaN IoU of a non-finite step would leave its anchor
+        # without any GT; NaN pairs count as winners, finite ones below the best lose)
+        won = ~(iou_p < best[flat])
         gt_idx = torch.full((b * a,), m, dtype=torch.long, device=device)
         gt_idx = gt_idx.scatter_reduce_(0, flat[won], pm[won], "amin").view(b, a)
         gt_idx = gt_idx.masked_fill_(~fg, 0)  # (B, A); 0 where no GT claims the anchor
