@@ -217,6 +217,20 @@ def test_assigner_equals_its_dense_definition(seed):
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
 
 
+def test_assigner_gives_every_claimed_anchor_a_gt_when_predictions_are_nan():
+    """A non-finite step (NaN predicted boxes): the assignment still completes (the loss
+    is NaN and the guard skips the step) instead of indexing past the GTs, which ended
+    the run with an IndexError."""
+    points, stride = make_anchors([(8, 8), (4, 4)], (8, 16), "cpu", torch.float32)
+    a = points.shape[0]
+    preds = torch.full((1, a, 4), float("nan"))
+    scores = torch.rand(1, a, 2)
+    gt = torch.tensor([[[4.0, 4.0, 40.0, 40.0], [8.0, 8.0, 60.0, 50.0]]])
+    boxes, target_scores, fg, gt_idx = TaskAlignedAssigner()(
+        scores, preds, points, stride, gt, torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool))
+    assert fg.any() and int(gt_idx.max()) < 2 and boxes.shape == (1, a, 4)
+
+
 # ---------------------------------------------------------------------------- loss
 
 
