@@ -10,7 +10,11 @@ environment the service's worker sets: ``LIBREYOLO_HANG_FACTOR`` = k and
    dump`` (native frames too) when py-spy is installed;
 2. records ``{"exit_code": 5, "error": "hang: ..."}`` in ``$LIBREYOLO_ERROR_FILE`` (the
    first rank to fail writes it; torchrun's own exit code is always 1);
-3. ends its process at once (``os._exit(EXIT_HANG)``): its process group's loader workers
+3. ends its process (``os._exit(EXIT_HANG)``), at once in a one-process run; under DDP
+   (``WORLD_SIZE`` > 1) after :func:`peer_grace_s`, so that the ranks silent behind the
+   same hang fire their own watchdogs and dump their stacks before this rank's exit breaks
+   their collective (without it, a peer's "connection closed by peer" ended it first and
+   only one rank's stacks reached the log on a loaded machine). Its process group's loader workers
    follow it, torchrun stops the other ranks, and the worker kills what is left of the tree
    and re-queues the attempt as ``infrastructure: hang``, to resume from ``last.pt``.
 
@@ -151,7 +155,17 @@ class HangWatchdog:
         _record(message, self.rank)
         with contextlib.suppress(Exception):
             err.flush()
+        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+            time.sleep(peer_grace_s(self.limit_s(), self.poll_s))
         os._exit(EXIT_HANG)
+
+
+def peer_grace_s(limit_s: float, poll_s: float) -> float:
+    """Seconds a DDP rank waits after its watchdog fired, before it exits: the other ranks
+    stopped at the same collective, so their watchdogs fire within a poll or two and a
+    spread of their limits (the medians differ by a few per cent); 5 s covers a loaded
+    machine's scheduling delays. ``max(5, 2 x poll_s, 0.1 x limit_s)``, at most 60."""
+    return min(max(5.0, 2 * poll_s, 0.1 * limit_s), 60.0)
 
 
 def _record(message: str, rank: int) -> None:
