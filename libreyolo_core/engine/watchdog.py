@@ -11,7 +11,7 @@ environment the service's worker sets: ``LIBREYOLO_HANG_FACTOR`` = k and
 2. records ``{"exit_code": 5, "error": "hang: ..."}`` in ``$LIBREYOLO_ERROR_FILE`` (the
    first rank to fail writes it; torchrun's own exit code is always 1);
 3. ends its process (``os._exit(EXIT_HANG)``), at once in a one-process run; under DDP
-   (``WORLD_SIZE`` > 1) after :func:`peer_grace_s`, so that the ranks silent behind the
+   (``world_size`` > 1) after :func:`peer_grace_s`, so that the ranks silent behind the
    same hang fire their own watchdogs and dump their stacks before this rank's exit breaks
    their collective (without it, a peer's "connection closed by peer" ended it first and
    only one rank's stacks reached the log on a loaded machine). Its process group's loader workers
@@ -59,6 +59,8 @@ class HangWatchdog:
         factor: k of ``max(k x median step, min_s)``; > 1.
         min_s: T, seconds: the shortest silence called a hang.
         rank: this process's global rank (named in the log and the error file).
+        world_size: ranks in the run; above 1 the fired rank waits :func:`peer_grace_s`
+            before it exits.
         poll_s: how often the thread looks, seconds (default ``min(1, min_s / 10)``).
         on_hang: what to do instead of the default report-and-exit (tests); called with
             the message.
@@ -67,12 +69,13 @@ class HangWatchdog:
         ValueError: ``factor <= 1`` or ``min_s <= 0``.
     """
 
-    def __init__(self, factor: float, min_s: float, *, rank: int = 0,
+    def __init__(self, factor: float, min_s: float, *, rank: int = 0, world_size: int = 1,
                  poll_s: float | None = None, on_hang: Callable[[str], None] | None = None):
         if not factor > 1 or not min_s > 0:
             raise ValueError(f"hang watchdog: factor must be > 1 and min_s > 0 (got factor="
                              f"{factor!r}, min_s={min_s!r})")
         self.factor, self.min_s, self.rank = float(factor), float(min_s), rank
+        self.world_size = world_size
         self.poll_s = poll_s if poll_s is not None else min(1.0, self.min_s / 10)
         self.on_hang = on_hang
         self._steps: deque[float] = deque(maxlen=WINDOW)
@@ -155,7 +158,7 @@ class HangWatchdog:
         _record(message, self.rank)
         with contextlib.suppress(Exception):
             err.flush()
-        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        if self.world_size > 1:
             time.sleep(peer_grace_s(self.limit_s(), self.poll_s))
         os._exit(EXIT_HANG)
 
@@ -182,7 +185,7 @@ def _record(message: str, rank: int) -> None:
         json.dump({"exit_code": EXIT_HANG, "error": message, "rank": rank}, fh)
 
 
-def from_env(rank: int = 0, env: Any = None) -> HangWatchdog | None:
+def from_env(rank: int = 0, env: Any = None, world_size: int = 1) -> HangWatchdog | None:
     """The watchdog the environment asks for (:data:`FACTOR_ENV`, :data:`MIN_S_ENV`), not
     started; None when :data:`MIN_S_ENV` is not set (a run outside the service).
 
@@ -197,4 +200,4 @@ def from_env(rank: int = 0, env: Any = None) -> HangWatchdog | None:
         factor, min_s = float(env.get(FACTOR_ENV) or 10.0), float(raw_min)
     except ValueError as exc:
         raise ValueError(f"{FACTOR_ENV}/{MIN_S_ENV}: not a number ({exc})") from None
-    return HangWatchdog(factor, min_s, rank=rank)
+    return HangWatchdog(factor, min_s, rank=rank, world_size=world_size)

@@ -23,7 +23,8 @@ class WatchdogHook(HookBase):
     def before_train(self) -> None:
         from libreyolo_core.engine.watchdog import from_env
 
-        self.dog = from_env(rank=self.trainer.dist.rank)
+        dist = self.trainer.dist
+        self.dog = from_env(rank=dist.rank, world_size=dist.world_size)
         self.trainer.watchdog = self.dog
         if self.dog is not None:
             log.info("hang watchdog on: no step for max(%g x median step, %g s) is a hang",
