@@ -21,7 +21,7 @@ WAIT ?= 1
 PORT ?= 0
 LIBREYOLO_REF := 1.6.0
 
-.PHONY: setup test test-fast demo bench gpu-check lint clean
+.PHONY: setup test test-slow test-all test-fast demo bench gpu-check lint clean
 
 setup: $(STAMP)
 
@@ -42,11 +42,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/reference libreyolo==$(LIBREYOLO_REF)
 	touch $(STAMP)
 
+# `make test`: every test but those marked `slow` (real training runs, DDP, Slurm, worker
+# recoveries); its closing line counts them. `make test-slow` runs those, `make test-all`
+# both in one session; `.ci/run` runs `make test` then `make test-slow`.
 test: setup
+	$(BIN)/python -m pytest tests -m "not slow" --durations=20
+
+test-slow: setup
+	$(BIN)/python -m pytest tests -m slow --durations=20
+
+test-all: setup
 	$(BIN)/python -m pytest tests --durations=40
 
-test-fast: setup
-	$(BIN)/python -m pytest tests -m "not slow"
+test-fast: test
 
 # the service end to end through the SDK: `libreyolo-service up`, pre-train, publish the
 # weights as a model, fine-tune from it, a profile job; the service stays up (Ctrl-C stops it)

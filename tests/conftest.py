@@ -68,17 +68,37 @@ def skip_groups(reasons: list[str]) -> dict[str, tuple[int, str]]:
     return out
 
 
+#: how to run the tests marked ``slow`` when ``-m "not slow"`` (``make test``) left them out
+SLOW_HOW = "make test-slow runs them, make test-all runs everything; .ci/run runs make test and make test-slow"
+
+
+def pytest_deselected(items) -> None:
+    """Count the deselected tests marked ``slow`` (``make test`` runs ``-m "not slow"``)."""
+    if items:
+        config = items[0].config
+        config._slow_deselected = getattr(config, "_slow_deselected", 0) + sum(
+            1 for item in items if item.get_closest_marker("slow") is not None)
+
+
+def closing_line(groups: dict[str, tuple[int, str]], slow_deselected: int) -> str | None:
+    """The run's closing line: each group of skipped tests and how to enable it, then the
+    tests marked ``slow`` that the marker expression left out; None when nothing was left
+    out (#28.12)."""
+    parts = [f"{g} ({n} skipped: {how})" for g, (n, how) in sorted(groups.items())]
+    if slow_deselected:
+        parts.append(f"slow ({slow_deselected} not selected, real training runs: {SLOW_HOW})")
+    return "skipped groups: " + "; ".join(parts) if parts else None
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """One closing line naming each group of skipped tests and how to enable it, so that a
-    run in a plain clone does not quietly cover less."""
+    """One closing line naming each group of skipped (or, for ``slow``, not selected) tests
+    and how to enable it, so that a run in a plain clone does not quietly cover less."""
     reasons = []
     for rep in terminalreporter.stats.get("skipped", []):
         longrepr = getattr(rep, "longrepr", None)
         reasons.append(str(longrepr[2] if isinstance(longrepr, tuple) else longrepr or ""))
-    groups = skip_groups(reasons)
-    if groups:  # printed last, after pytest's own summary line (pytest_unconfigure)
-        config._skip_groups_line = "skipped groups: " + "; ".join(
-            f"{g} ({n} skipped: {how})" for g, (n, how) in sorted(groups.items()))
+    # printed last, after pytest's own summary line (pytest_unconfigure)
+    config._skip_groups_line = closing_line(skip_groups(reasons), getattr(config, "_slow_deselected", 0))
 
 
 def pytest_unconfigure(config) -> None:

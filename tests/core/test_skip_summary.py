@@ -45,3 +45,22 @@ def test_the_closing_line_is_last(tmp_path):
         assert last.startswith("skipped groups: compose (1 skipped: apt-get install"), out.stdout
     else:
         assert "passed" in last and "skipped groups" not in out.stdout
+
+
+def test_the_closing_line_counts_the_slow_tests_left_out():
+    line = _conftest().closing_line({"gpu": (2, "a GPU machine")}, 3)
+    assert line == ("skipped groups: gpu (2 skipped: a GPU machine); slow (3 not selected, real training "
+                    "runs: make test-slow runs them, make test-all runs everything; .ci/run runs make test "
+                    "and make test-slow)")
+    assert _conftest().closing_line({}, 0) is None
+
+
+def test_make_tests_marker_expression_names_the_slow_tests_it_left_out():
+    """A real run with `make test`'s `-m "not slow"`: of the three tests, the slow one is left
+    out by the marker (counted) and one by `-k` (not slow: not counted)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                          "-k", "config or across", "tests/engine/test_finetune.py"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    last = out.stdout.strip().splitlines()[-1]
+    assert "1 passed, 2 deselected" in out.stdout, out.stdout
+    assert last.startswith("skipped groups: slow (1 not selected, real training runs: make test-slow"), out.stdout

@@ -199,7 +199,11 @@ def test_kill9_one_node_resumes_the_whole_job(stack, data, tmp_path, victim):
         worker(stack, tmp_path, "k2")  # the supervisor's restart
         job = finished(c, job_id, timeout=400)
         assert job["status"] == "succeeded", (job, c.get(f"/v1/jobs/{job_id}/logs").text[-3000:])
-        assert job["attempt"] == 2 and len(job["node_workers"]) == 2
+        # on a failure, say why each attempt ended (CI once saw attempt 3 with no log kept)
+        assert job["attempt"] == 2 and len(job["node_workers"]) == 2, (
+            job, [(e["kind"], e["data"]) for e in c.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000})
+                  .json()["data"] if e["kind"] in ("status", "log") and e["data"].get("level") != "debug"][-40:],
+            c.get(f"/v1/jobs/{job_id}/logs").text[-3000:])
         events = engine_events(c, job_id)
     assert events == engine_lines(job_dir / "run", stack.settings)
     assert sorted({e["epoch"] for e in events if e["event"] == "epoch_end"}) == [1, 2, 3]
