@@ -43,10 +43,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # `make test`: every test but those marked `slow` (real training runs, DDP, Slurm, worker
-# recoveries); its closing line counts them. `make test-slow` runs those, `make test-all`
-# both in one session; `.ci/run` runs `make test` then `make test-slow`.
+# recoveries; `--no-slow`, tests/conftest.py), and its closing line counts them. `make
+# test-slow` runs those, `make test-all` both in one session (as plain `pytest tests` does);
+# `.ci/run` runs `make test` and `make test-slow`.
 test: setup
-	$(BIN)/python -m pytest tests -m "not slow" --durations=20
+	$(BIN)/python -m pytest tests --no-slow --durations=20
 
 test-slow: setup
 	$(BIN)/python -m pytest tests -m slow --durations=20

@@ -143,6 +143,8 @@ def token_create(
 
     It writes the service's existing database (the one `up` made under LIBREYOLO_HOME, by
     default ./.libreyolo) and names it on stderr; it creates none."""
+    if not name.strip():
+        raise typer.BadParameter(f"{name!r} is empty or blank: give the user a name", param_hint="'--name'")
     settings = admin_settings(home)
     require_database(settings, home)
     typer.echo(_create_token(settings, name, admin,

@@ -55,8 +55,11 @@ def create_user_token(session: Session, *, name: str, admin: bool = False,
         The user and the token in clear (shown once; only its sha256 is stored).
 
     Raises:
-        ValueError: ``expires_in_s`` is not a positive finite number of seconds.
+        ValueError: ``name`` is empty or blank, or ``expires_in_s`` is not a positive finite
+            number of seconds.
     """
+    if not name.strip():
+        raise ValueError(f"user name {name!r} is empty or blank: give the user a name")
     if expires_in_s is not None and not 0 < expires_in_s < 100 * 365 * 86400:
         raise ValueError(f"expiry: {expires_in_s!r} s is not between 0 and 100 years")
     user = session.scalar(select(User).where(User.name == name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -61,44 +62,59 @@ def skip_groups(reasons: list[str]) -> dict[str, tuple[int, str]]:
     """``{group: (skips, how to enable)}`` for the skip reasons of a session (#28.12)."""
     out: dict[str, tuple[int, str]] = {}
     for reason in reasons:
-        low = reason.lower()
-        group, how = next(((g, h) for keys, g, h in SKIP_GROUPS if any(k in low for k in keys)),
+        low = reason.lower()  # a key starts a word: "mps" is not the end of "dumps"
+        group, how = next(((g, h) for keys, g, h in SKIP_GROUPS
+                           if any(re.search(rf"\b{re.escape(k)}", low) for k in keys)),
                           ("other", "see `pytest -rs` for the reasons"))
         out[group] = (out.get(group, (0, how))[0] + 1, how)
     return out
 
 
-#: how to run the tests marked ``slow`` when ``-m "not slow"`` (``make test``) left them out
+#: how to run the tests marked ``slow`` when ``--no-slow`` (``make test``) left them out
 SLOW_HOW = "make test-slow runs them, make test-all runs everything; .ci/run runs make test and make test-slow"
 
 
-def pytest_deselected(items) -> None:
-    """Count the deselected tests marked ``slow`` (``make test`` runs ``-m "not slow"``)."""
-    if items:
-        config = items[0].config
-        config._slow_deselected = getattr(config, "_slow_deselected", 0) + sum(
-            1 for item in items if item.get_closest_marker("slow") is not None)
+def pytest_addoption(parser) -> None:
+    parser.addoption("--no-slow", action="store_true", default=False,
+                     help="leave out the tests marked slow (make test); the closing line counts them")
 
 
-def closing_line(groups: dict[str, tuple[int, str]], slow_deselected: int) -> str | None:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """``--no-slow``: leave out the tests marked ``slow``. It runs after ``-k`` and ``-m``
+    have deselected theirs, so the closing line counts only the slow tests that this option
+    alone left out."""
+    if not config.getoption("no_slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+        config.hook.pytest_deselected(items=slow)
+        config._slow_left_out = len(slow)
+
+
+def closing_line(groups: dict[str, tuple[int, str]], slow_left_out: int) -> str | None:
     """The run's closing line: each group of skipped tests and how to enable it, then the
-    tests marked ``slow`` that the marker expression left out; None when nothing was left
-    out (#28.12)."""
-    parts = [f"{g} ({n} skipped: {how})" for g, (n, how) in sorted(groups.items())]
-    if slow_deselected:
-        parts.append(f"slow ({slow_deselected} not selected, real training runs: {SLOW_HOW})")
-    return "skipped groups: " + "; ".join(parts) if parts else None
+    tests marked ``slow`` that ``--no-slow`` left out; None when nothing was (#28.12)."""
+    parts = []
+    if groups:
+        parts.append("skipped groups: " + "; ".join(f"{g} ({n} skipped: {how})"
+                                                    for g, (n, how) in sorted(groups.items())))
+    if slow_left_out:
+        parts.append(f"not selected: slow ({slow_left_out} tests marked slow, real training runs: {SLOW_HOW})")
+    return "; ".join(parts) or None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """One closing line naming each group of skipped (or, for ``slow``, not selected) tests
-    and how to enable it, so that a run in a plain clone does not quietly cover less."""
+    """One closing line naming each group of skipped tests (and the slow tests ``--no-slow``
+    left out) and how to enable it, so that a run in a plain clone does not quietly cover
+    less."""
     reasons = []
     for rep in terminalreporter.stats.get("skipped", []):
         longrepr = getattr(rep, "longrepr", None)
         reasons.append(str(longrepr[2] if isinstance(longrepr, tuple) else longrepr or ""))
     # printed last, after pytest's own summary line (pytest_unconfigure)
-    config._skip_groups_line = closing_line(skip_groups(reasons), getattr(config, "_slow_deselected", 0))
+    config._skip_groups_line = closing_line(skip_groups(reasons), getattr(config, "_slow_left_out", 0))
 
 
 def pytest_unconfigure(config) -> None:

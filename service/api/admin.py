@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.api.deps import CurrentUser, SessionDep
 from service.api.problems import Problem, error_responses
@@ -57,6 +57,13 @@ class TokenCreate(BaseModel):
                       description="what the token is for")
     expires_in_s: float | None = Field(None, gt=0, le=100 * 365 * 86400,
                                        description="seconds until it expires; null: never")
+
+    @field_validator("user")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the user name is blank: give the user a name")
+        return v
 
 
 class TokenCreated(TokenPublic):

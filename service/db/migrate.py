@@ -41,14 +41,13 @@ def schema_problem(url: str) -> str | None:
 
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     if url.startswith("sqlite:///") and not Path(url.split("sqlite:///", 1)[1]).is_file():
-        current = None
-    else:
-        engine = create_engine(url)
-        try:
-            with engine.connect() as conn:
-                current = MigrationContext.configure(conn).get_current_revision()
-        finally:
-            engine.dispose()
+        return "the file does not exist (never set up)"
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
     if current == head:
         return None
     if current is None:

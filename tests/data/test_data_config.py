@@ -99,6 +99,8 @@ def test_errors_name_yaml_and_key(tree: Path, body: str, key: str, fragment: str
 def test_missing_yaml_and_bad_yaml(tmp_path: Path) -> None:
     with pytest.raises(DataConfigError, match="does not exist"):
         load_data_config(tmp_path / "nope.yaml")
+    with pytest.raises(DataConfigError, match="a folder, not a dataset yaml: give its data.yaml"):
+        load_data_config(tmp_path)
     with pytest.raises(DataConfigError, match="not valid YAML"):
         load_data_config(_yaml(tmp_path, "train: [unclosed\n"))
     with pytest.raises(DataConfigError, match="top level must be a mapping"):

@@ -53,6 +53,7 @@ def test_admin_commands_create_no_database_and_say_which_they_used(tmp_path):
         err = " ".join(r.stderr.split())
         assert "no service database" in err and str(empty) in err, err
         assert "--home" in err and "LIBREYOLO_HOME" in err and "Traceback" not in err, err
+        assert "the file does not exist" in err, err
         assert list(empty.iterdir()) == [], list(empty.iterdir())
 
     home = tmp_path / "srv" / ".libreyolo"
@@ -62,6 +63,9 @@ def test_admin_commands_create_no_database_and_say_which_they_used(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().count("\n") == 0 and len(r.stdout.strip()) > 20
     assert f"database: sqlite:///{db}" in r.stderr and "--home" in r.stderr
+    for blank in ("", "   "):  # refused before the database is touched
+        r = _service_cli("token", "create", "--name", blank, "--home", str(home), cwd=empty)
+        assert r.returncode == 2 and "empty or blank" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _service_cli("users", "list", cwd=empty, env_extra={"LIBREYOLO_HOME": str(home)})
     assert r.returncode == 0 and "alice" in r.stdout, r.stderr
     assert f"sqlite:///{db}" in r.stderr and "LIBREYOLO_HOME" in r.stderr

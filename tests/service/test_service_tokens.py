@@ -75,6 +75,8 @@ def test_admin_endpoints_create_list_revoke_and_expiry(server, second_server, se
         assert admin.post("/v1/admin/tokens/tnope/revoke").status_code == 404
         assert admin.get("/v1/admin/tokens", params={"user": "nobody-here"}).status_code == 404
         assert admin.post("/v1/admin/tokens", json={"user": "a\nb"}).status_code == 422
+        r = admin.post("/v1/admin/tokens", json={"user": "   "})
+        assert r.status_code == 422 and "blank" in r.text, r.text
         # expiry
         short = admin.post("/v1/admin/tokens", json={"user": name, "expires_in_s": 1.5}).json()
         assert short["expires_at"] is not None
