@@ -143,8 +143,12 @@ def token_create(
 
     It writes the service's existing database (the one `up` made under LIBREYOLO_HOME, by
     default ./.libreyolo) and names it on stderr; it creates none."""
-    if not name.strip():
-        raise typer.BadParameter(f"{name!r} is empty or blank: give the user a name", param_hint="'--name'")
+    from service.users import check_user_name
+
+    try:  # before any database is opened
+        check_user_name(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--name'") from None
     settings = admin_settings(home)
     require_database(settings, home)
     typer.echo(_create_token(settings, name, admin,

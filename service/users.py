@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Token, User, utcnow
 
-__all__ = ["hash_token", "create_user_token", "user_for_token", "set_user_cap", "owns",
+__all__ = ["hash_token", "check_user_name", "create_user_token", "user_for_token", "set_user_cap", "owns",
            "visible_to", "TokenCache", "TOKEN_CACHE_S", "list_tokens", "revoke_token"]
 
 #: how long an API process trusts a token it has looked up (seconds): a revoked token (or
@@ -40,6 +40,18 @@ def visible_to(stmt: Select, owner_id: Any, user: User) -> Select:
     return stmt if user.is_admin else stmt.where(owner_id == user.id)
 
 
+def check_user_name(name: str) -> str:
+    """``name`` when it can name a user; the one rule for the CLI, the API and
+    :func:`create_user_token`.
+
+    Raises:
+        ValueError: ``name`` is empty or only whitespace.
+    """
+    if not name.strip():
+        raise ValueError(f"user name {name!r} is empty or blank: give the user a name")
+    return name
+
+
 def hash_token(token: str) -> str:
     """sha256 hex of a bearer token (what the database stores)."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -58,8 +70,7 @@ def create_user_token(session: Session, *, name: str, admin: bool = False,
         ValueError: ``name`` is empty or blank, or ``expires_in_s`` is not a positive finite
             number of seconds.
     """
-    if not name.strip():
-        raise ValueError(f"user name {name!r} is empty or blank: give the user a name")
+    check_user_name(name)
     if expires_in_s is not None and not 0 < expires_in_s < 100 * 365 * 86400:
         raise ValueError(f"expiry: {expires_in_s!r} s is not between 0 and 100 years")
     user = session.scalar(select(User).where(User.name == name))

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.api.deps import CurrentUser, SessionDep
 from service.api.problems import Problem, error_responses
 from service.db.models import Token, User
-from service.users import create_user_token, list_tokens, revoke_token
+from service.users import check_user_name, create_user_token, list_tokens, revoke_token
 
 __all__ = ["router"]
 
@@ -58,12 +58,7 @@ class TokenCreate(BaseModel):
     expires_in_s: float | None = Field(None, gt=0, le=100 * 365 * 86400,
                                        description="seconds until it expires; null: never")
 
-    @field_validator("user")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("the user name is blank: give the user a name")
-        return v
+    _user_not_blank = field_validator("user")(check_user_name)
 
 
 class TokenCreated(TokenPublic):
