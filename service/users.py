@@ -9,6 +9,7 @@ import hashlib
 import secrets
 import threading
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import timedelta
@@ -45,10 +46,14 @@ def check_user_name(name: str) -> str:
     :func:`create_user_token`.
 
     Raises:
-        ValueError: ``name`` is empty or only whitespace.
+        ValueError: ``name`` is empty or shows nothing (only whitespace, control or format
+            characters such as a zero-width space), or starts or ends with whitespace (it
+            would look like another user's name).
     """
-    if not name.strip():
+    if not any(unicodedata.category(c)[0] not in "CZ" for c in name):
         raise ValueError(f"user name {name!r} is empty or blank: give the user a name")
+    if name != name.strip():
+        raise ValueError(f"user name {name!r} starts or ends with whitespace: give it as {name.strip()!r}")
     return name
 
 

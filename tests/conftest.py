@@ -101,7 +101,9 @@ def closing_line(groups: dict[str, tuple[int, str]], slow_left_out: int) -> str 
         parts.append("skipped groups: " + "; ".join(f"{g} ({n} skipped: {how})"
                                                     for g, (n, how) in sorted(groups.items())))
     if slow_left_out:
-        parts.append(f"not selected: slow ({slow_left_out} tests marked slow, real training runs: {SLOW_HOW})")
+        tests = "test" if slow_left_out == 1 else "tests"
+        parts.append(f"not selected: slow ({slow_left_out} {tests} marked slow: real training, DDP, Slurm, "
+                     f"worker recoveries; {SLOW_HOW})")
     return "; ".join(parts) or None
 
 

@@ -109,9 +109,11 @@ def load_data_config(path: str | Path) -> DataConfig:
     """
     yaml_path = _abspath(Path(path).expanduser())
     if not yaml_path.is_file():
+        inside = sorted(yaml_path.glob("*.yaml"))[:3] if yaml_path.is_dir() else []
         raise DataConfigError(f"{yaml_path}: " + (
             "a folder, not a dataset yaml: give its data.yaml (the file with `path`, `train`, "
-            "`val` and `names`)" if yaml_path.is_dir() else "dataset yaml does not exist"))
+            "`val` and `names`)" + (f"; it holds {', '.join(p.name for p in inside)}" if inside else "")
+            if yaml_path.is_dir() else "dataset yaml does not exist"))
     try:
         doc = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:

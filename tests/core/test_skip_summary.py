@@ -55,9 +55,9 @@ def test_the_closing_line_is_last(tmp_path):
 
 def test_the_closing_line_counts_the_slow_tests_left_out():
     line = _conftest().closing_line({"gpu": (2, "a GPU machine")}, 3)
-    assert line == ("skipped groups: gpu (2 skipped: a GPU machine); not selected: slow (3 tests marked slow, "
-                    "real training runs: make test-slow runs them, make test-all runs everything; .ci/run runs "
-                    "make test and make test-slow)")
+    assert line == ("skipped groups: gpu (2 skipped: a GPU machine); not selected: slow (3 tests marked slow: "
+                    "real training, DDP, Slurm, worker recoveries; make test-slow runs them, make test-all runs "
+                    "everything; .ci/run runs make test and make test-slow)")
     assert _conftest().closing_line({}, 3).startswith("not selected: slow (3 tests marked slow")
     assert _conftest().closing_line({}, 0) is None
 
@@ -68,7 +68,8 @@ def test_no_slow_counts_only_the_slow_tests_it_left_out():
     without `--no-slow` names no slow tests."""
     lines = _pytest("--no-slow", "-k", "config or across", "tests/engine/test_finetune.py")
     assert "1 passed, 2 deselected" in lines[-2], lines
-    assert lines[-1].startswith("not selected: slow (1 tests marked slow, real training runs: make test-slow"), lines
+    assert lines[-1].startswith("not selected: slow (1 test marked slow: real training, DDP, Slurm, worker "
+                                "recoveries; make test-slow"), lines
     lines = _pytest("--no-slow", "-k", "config", "tests/engine/test_finetune.py")
     assert "1 passed, 2 deselected" in lines[-1], lines  # the slow test went to -k: nothing to name
     lines = _pytest("-m", "slow", "-k", "nothing_matches_this", "tests/engine/test_finetune.py")

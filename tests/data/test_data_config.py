@@ -101,6 +101,9 @@ def test_missing_yaml_and_bad_yaml(tmp_path: Path) -> None:
         load_data_config(tmp_path / "nope.yaml")
     with pytest.raises(DataConfigError, match="a folder, not a dataset yaml: give its data.yaml"):
         load_data_config(tmp_path)
+    _yaml(tmp_path, "names: [x]\n")
+    with pytest.raises(DataConfigError, match="a folder, not a dataset yaml.*; it holds data.yaml"):
+        load_data_config(tmp_path)
     with pytest.raises(DataConfigError, match="not valid YAML"):
         load_data_config(_yaml(tmp_path, "train: [unclosed\n"))
     with pytest.raises(DataConfigError, match="top level must be a mapping"):

@@ -63,9 +63,11 @@ def test_admin_commands_create_no_database_and_say_which_they_used(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().count("\n") == 0 and len(r.stdout.strip()) > 20
     assert f"database: sqlite:///{db}" in r.stderr and "--home" in r.stderr
-    for blank in ("", "   "):  # refused before the database is touched
+    for blank in ("", "   ", "\u200b"):  # refused before the database is touched
         r = _service_cli("token", "create", "--name", blank, "--home", str(home), cwd=empty)
         assert r.returncode == 2 and "empty or blank" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = _service_cli("token", "create", "--name", " alice ", "--home", str(home), cwd=empty)
+    assert r.returncode == 2 and "starts or ends with" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = _service_cli("users", "list", cwd=empty, env_extra={"LIBREYOLO_HOME": str(home)})
     assert r.returncode == 0 and "alice" in r.stdout, r.stderr
     assert f"sqlite:///{db}" in r.stderr and "LIBREYOLO_HOME" in r.stderr
