@@ -21,21 +21,28 @@ ARGS = ["--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "-
 
 @pytest.mark.slow
 def test_tune_cli_on_a_loader_bound_run(coco128_dir, tmp_path, capsys):
-    """coco128 at imgsz 64, batch 32, no loader workers, mosaic and mixup: each sample
-    decodes 8 full-size JPEGs for a tiny network, so the loader levers are tried."""
+    """coco128 at imgsz 64, batch 16, no loader workers, mosaic and mixup: each sample
+    decodes 8 full-size JPEGs for a tiny network, so the loader levers are tried.
+
+    Batch 16 gives 8 steps an epoch, room for a 1 + 6 window: 3 unsynced steps a trial
+    (batch 32 gave 1 + 3 and one unsynced step, which a single stall on a busy CI machine
+    turned into a compute verdict)."""
     project = tmp_path / "tune"
-    rc = main(["tune", str(coco128_dir / "coco128.yaml"), "--imgsz", "64", "--batch", "32",
-               "--workers", "0", "--device", "cpu", "--warmup", "1", "--steps", "3",
+    rc = main(["tune", str(coco128_dir / "coco128.yaml"), "--imgsz", "64", "--batch", "16",
+               "--workers", "0", "--device", "cpu", "--warmup", "1", "--steps", "6",
                "--repeat", "2", "--max-candidates", "2", "--set", "mosaic=1.0",
                "--set", "mixup=1.0", "--project", str(project), "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res == json.loads((project / "tune.json").read_text())
     assert res["schema"] == "libreyolo.tune/v1" and res["status"] == "complete"
-    assert res["device"] == "cpu" and res["verdict"] == "dataloader"
     base = res["baseline"]
+    why = json.loads((project / base["profile"]).read_text())["bound_why"]
+    # a trial stalled by another process may read compute; the loader's lever is named anyway
+    assert res["device"] == "cpu" and "dataloader" in res["verdicts"], why
+    assert res["verdict"] in ("dataloader", "mixed"), why
     assert base["n"] == 2 and len(base["img_per_s_trials"]) == 2 and base["step_ms"] > 0
-    assert base["epoch_s"] == pytest.approx(4 * base["step_ms"] / 1e3, rel=1e-3)  # 128 / 32
+    assert base["epoch_s"] == pytest.approx(8 * base["step_ms"] / 1e3, rel=1e-3)  # 128 / 16
     assert [r["label"] for r in res["candidates"]] == ["workers 0 -> 2", "cache=ram"]
     for row in res["candidates"]:
         assert row["n"] == 2 and row["significant"] in (True, False) and row["note"]
@@ -47,7 +54,7 @@ def test_tune_cli_on_a_loader_bound_run(coco128_dir, tmp_path, capsys):
     else:
         assert set(res["recommended"]["params"]) <= {"workers", "cache"}
         assert res["recommended"]["significant"] and res["recommended"]["recommendable"]
-    assert any("cap of 2" in n for n in res["notes"])  # mixup=0 and batch 64 left out
+    assert any("cap of 2" in n for n in res["notes"])  # mixup=0 and batch 32 left out
     for rel in base["trials"]:
         assert (project / rel).is_file()
     assert (project / "trials" / "baseline" / "profile_repeat.json").is_file()
