@@ -56,6 +56,8 @@ CHILD = textwrap.dedent("""
 def trial(src: Path, data: Path, workers: int, warmup: int, steps: int) -> tuple[str, float]:
     """``(verdict, data-wait share)`` of one profile trial run with the code in ``src``."""
     keys = {**LOADER, "workers": workers}
+    if "cache_recent_mb" not in (src / "libreyolo_core" / "config.py").read_text():
+        keys.pop("cache_recent_mb", None)  # code from before the recently decoded images' cache
     with tempfile.TemporaryDirectory() as project:
         args = {"data": str(data), "project": project, "warmup": warmup, "steps": steps, "keys": keys}
         env = {**os.environ, "PYTHONPATH": str(src)}

@@ -207,6 +207,10 @@ class TrainConfig(BaseModel):
     no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
     multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
     cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
+    cache_recent_mb: int = Field(
+        256, ge=0, le=1_048_576, description="MiB of recently decoded images each loader process "
+        "keeps (least recently used dropped first), so an image is decoded again only after "
+        "dropping out; samples do not change; 0 = off; not used with cache=ram")
     loader: Literal["cpu", "gpu"] = Field(
         "cpu", description="where training images are decoded and augmented: cpu (loader "
         "workers, OpenCV) or gpu (workers read file bytes; nvjpeg decode, mosaic, affine, mixup, "

@@ -46,7 +46,7 @@ from libreyolo_core.data import augment as A
 from libreyolo_core.data.image import (
     load_image_fast as load_image,  # Pillow-exact, OpenCV for JPEGs
 )
-from libreyolo_core.data.image_cache import SharedImageCache, estimate_cache
+from libreyolo_core.data.image_cache import RecentImages, SharedImageCache, estimate_cache
 from libreyolo_core.data.loader import Batch, batch_targets
 from libreyolo_core.data.report import DatasetWarning, ImageRecord, ScanReport
 from libreyolo_core.data.scan_cache import writable_dir
@@ -169,6 +169,10 @@ class YOLODataset(Dataset):
         cache_dir: with ``cache="disk"``, keep the ``.npy`` files in
             ``<cache_dir>/images/`` (named by the image's path, size and mtime) instead of
             next to the images: nothing is written into the dataset's folders.
+        cache_recent_mb: MiB of recently decoded (or disk-cached) images this process keeps
+            (:class:`~libreyolo_core.data.image_cache.RecentImages`; each loader worker its
+            own); ``0`` (the default here; training passes ``TrainConfig.cache_recent_mb``)
+            keeps none. Unused with ``cache="ram"``. Samples are the same either way.
 
     Raises:
         ValueError: empty records, ``imgsz < 32`` or a bad ``cache`` value.
@@ -184,6 +188,7 @@ class YOLODataset(Dataset):
         seed: int = 0,
         rank: int = 0,
         cache_dir: str | Path | None = None,
+        cache_recent_mb: float = 0,
     ) -> None:
         self.cache_dir = None if cache_dir is None else Path(cache_dir) / "images"
         if isinstance(records_or_report, ScanReport):
@@ -198,6 +203,8 @@ class YOLODataset(Dataset):
             raise ValueError(f"imgsz={imgsz} must be >= 32")
         if seed < 0 or rank < 0:
             raise ValueError(f"seed={seed} and rank={rank} must be >= 0")
+        if cache_recent_mb < 0:
+            raise ValueError(f"cache_recent_mb={cache_recent_mb} must be >= 0")
         self.imgsz = int(imgsz)
         self.augment = bool(augment)
         self.aug = aug if aug is not None else AugmentConfig()
@@ -211,6 +218,8 @@ class YOLODataset(Dataset):
         self._partners: BatchPartners | None = None  # set while __getitems__ builds a batch
         if self.cache == "ram":
             self._fill_ram_cache()
+        budget = int(cache_recent_mb * 2**20)
+        self._recent = RecentImages(budget) if budget > 0 and self._ram is None else None
         if self.cache == "disk":
             self._check_disk_cache()
 
@@ -257,13 +266,15 @@ class YOLODataset(Dataset):
     def load_image(self, i: int) -> np.ndarray:
         """Image ``i`` resized so its longest side is ``S``: uint8 ``(h, w, 3)`` RGB.
 
-        INTER_AREA when shrinking, INTER_LINEAR when growing; served from the cache if on.
+        INTER_AREA when shrinking, INTER_LINEAR when growing; served from the cache if on,
+        else from the recently decoded images (``cache_recent_mb``). Read-only when cached.
         """
         if self._ram is not None:
             return self._ram[i]
-        if self.cache == "disk":
-            return self._load_disk(i)
-        return self._decode_resized(i)
+        load = self._load_disk if self.cache == "disk" else self._decode_resized
+        if self._recent is not None:
+            return self._recent.get(i, load)
+        return load(i)
 
     def load_labels(self, i: int) -> np.ndarray:
         """Boxes of image ``i`` as float32 ``(n, 5)`` ``[cls, x1, y1, x2, y2]`` in pixels of
@@ -324,6 +335,20 @@ class YOLODataset(Dataset):
             logger.debug("cannot write disk cache %s: %s", npy, e)
             tmp.unlink(missing_ok=True)
         return img
+
+    def describe_recent(self) -> str | None:
+        """One line on the recently decoded images each loader process keeps
+        (``cache_recent_mb``): the budget, what the whole set needs, and whether it fits;
+        ``None`` when there is no such cache."""
+        if self._recent is None:
+            return None
+        mib = 2**20
+        need = estimate_cache("ram", self._shapes(), self.imgsz).need
+        fits = ("all fit: each image is decoded once per loader process" if need <= self._recent.budget
+                else f"about {100 * self._recent.budget / need:.0f}% of decodes are saved")
+        return (f"cache_recent_mb={self._recent.budget // mib}: recently decoded images kept per "
+                f"loader process; the {len(self)} images at imgsz {self.imgsz} need "
+                f"{need / mib:.0f} MiB, {fits}")
 
     def _shapes(self) -> list[tuple[int, int]]:
         return [self._target_hw(i) for i in range(len(self))]

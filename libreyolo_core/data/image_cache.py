@@ -1,5 +1,6 @@
-"""The decoded-image caches' shared parts: one memory block for ``cache=ram`` and the
-memory / disk estimate made before either cache is filled.
+"""The decoded-image caches' shared parts: one memory block for ``cache=ram``, the memory /
+disk estimate made before either cache is filled, and the bounded cache of recently decoded
+images that every loader process keeps (``cache_recent_mb``).
 
 ``cache=ram`` keeps every image decoded and resized once, as uint8, in ONE anonymous
 shared memory mapping (``mmap(-1, n)``: ``MAP_SHARED | MAP_ANONYMOUS``). Loader workers
@@ -15,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CacheEstimate", "SharedImageCache", "available_memory", "estimate_cache"]
+__all__ = ["CacheEstimate", "RecentImages", "SharedImageCache", "available_memory",
+           "estimate_cache"]
 
 #: The RAM cache may take at most this share of the memory available when it starts (the
 #: rest is for the model, the optimizer, the loader's batches and everything else).
@@ -157,3 +160,56 @@ class SharedImageCache:
         self._tensor = state["tensor"]
         self._map = None
         self._flat = self._tensor.numpy()
+
+
+class RecentImages:
+    """The decoded, resized images a process used last, up to ``budget`` bytes (LRU).
+
+    An image is decoded again only after it has dropped out: the least recently used one
+    goes first when a new one does not fit. What is cached is exactly what decoding returns,
+    so samples do not change (no draw depends on it, unlike ``mosaic_buffer``); only their
+    cost does. With uniformly drawn mosaic partners a set of ``n`` images whose pixels fit
+    the budget is decoded once per process; a larger set hits about ``budget / need`` of the
+    time. Ultralytics keeps a comparable store (``BaseDataset.buffer``: the last
+    ``min(n, 8 x batch, 1000)`` images each worker decoded), from which it also draws the
+    mosaic partners.
+
+    Args:
+        budget: bytes of pixels kept at most (``0`` keeps nothing).
+
+    Cached arrays are read-only (``flags.writeable`` is False): whoever changes one works on
+    a copy. A pickled cache (a spawned loader worker) arrives empty, with the same budget.
+    """
+
+    def __init__(self, budget: int) -> None:
+        if budget < 0:
+            raise ValueError(f"recent-image cache budget {budget} must be >= 0 bytes")
+        self.budget = int(budget)
+        self.nbytes = 0
+        self.hits = self.misses = 0
+        self._images: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
+        """Image ``i``: from the cache (now the most recent), else ``load(i)``, then kept if
+        it fits the budget."""
+        img = self._images.get(i)
+        if img is not None:
+            self._images.move_to_end(i)
+            self.hits += 1
+            return img
+        self.misses += 1
+        img = load(i)
+        if img.nbytes > self.budget:
+            return img
+        while self.nbytes + img.nbytes > self.budget:
+            self.nbytes -= self._images.popitem(last=False)[1].nbytes
+        img.flags.writeable = False
+        self._images[i] = img
+        self.nbytes += img.nbytes
+        return img
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+    def __reduce__(self) -> tuple[type[RecentImages], tuple[int]]:
+        return (RecentImages, (self.budget,))

@@ -220,12 +220,15 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     augmented on ``device``) and the val loader (or None; always the CPU loader)."""
     set_phase("building the data loaders (and the image cache when cache= is set)")
     train_set = YOLODataset(train_report, cfg.imgsz, augment=True, aug=cfg.augment, cache=cfg.cache,
-                            seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir)
+                            seed=cfg.seed, rank=dist.rank, cache_dir=cfg.cache_dir,
+                            cache_recent_mb=0 if cfg.loader == "gpu" else cfg.cache_recent_mb)
     visible = math.ceil(len(train_set) / dist.world_size)
     plan = plan_workers(cfg.workers, local_ranks(dist.world_size))
     apply_threads(plan)
     if dist.is_main:
         log.info(plan.describe())
+        if (recent := train_set.describe_recent()) is not None:
+            log.info(recent)
     if cfg.loader == "gpu":
         train_loader = _gpu_loader(cfg, train_set, dist, rank_batch, plan.workers, device,
                                    drop_last=visible >= rank_batch)
@@ -247,7 +250,7 @@ def _loaders(cfg: TrainConfig, train_report: Any, val_report: Any, dist: DistCon
     if val_report is None:
         return train_set, train_loader, None
     val_set = YOLODataset(val_report, cfg.imgsz, augment=False, cache=cfg.cache, seed=cfg.seed, rank=0,
-                          cache_dir=cfg.cache_dir)
+                          cache_dir=cfg.cache_dir, cache_recent_mb=cfg.cache_recent_mb)
     return train_set, train_loader, build_dataloader(val_set, rank_batch, min(plan.workers, 2),
                                                      shuffle=False, seed=cfg.seed)
 

@@ -22,7 +22,9 @@ ARGS = ["--imgsz", "64", "--batch", "4", "--workers", "0", "--device", "cpu", "-
 @pytest.mark.slow
 def test_tune_cli_on_a_loader_bound_run(coco128_dir, tmp_path, capsys):
     """coco128 at imgsz 64, batch 16, no loader workers, mosaic and mixup: each sample
-    decodes 8 full-size JPEGs for a tiny network, so the loader levers are tried.
+    decodes 8 full-size JPEGs for a tiny network, so the loader levers are tried
+    (``cache_recent_mb=0``: by default each image would be decoded once, coco128 at 64 px
+    fits the recently-decoded cache, and the run is no longer loader-bound).
 
     Batch 16 gives 8 steps an epoch, room for a 1 + 6 window: 3 unsynced steps a trial
     (batch 32 gave 1 + 3 and one unsynced step, which a single stall on a busy CI machine
@@ -31,7 +33,7 @@ def test_tune_cli_on_a_loader_bound_run(coco128_dir, tmp_path, capsys):
     rc = main(["tune", str(coco128_dir / "coco128.yaml"), "--imgsz", "64", "--batch", "16",
                "--workers", "0", "--device", "cpu", "--warmup", "1", "--steps", "6",
                "--repeat", "2", "--max-candidates", "2", "--set", "mosaic=1.0",
-               "--set", "mixup=1.0", "--project", str(project), "--json"])
+               "--set", "mixup=1.0", "--set", "cache_recent_mb=0", "--project", str(project), "--json"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res == json.loads((project / "tune.json").read_text())
