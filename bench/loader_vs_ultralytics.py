@@ -2,9 +2,10 @@
 
 Prints ONE result line, e.g.::
 
-    loader_vs_ultralytics imgsz=640 batch=16 rounds=2 load=1.9: coco128 ours 61.2 img/s,
-    ours+buffer 120.3, ours+batch 118.0, ultralytics 98.0 img/s -> 0.62x [0.60-0.64], 1.23x
-    [...] with buffer, 1.20x [...] with batch partners | coco128x10 ... | coco128-1080p ...
+    loader_vs_ultralytics imgsz=640 batch=16 rounds=2 load=1.9: coco128 ours 90.2 img/s,
+    ours-recent0 61.2, ours+buffer 120.3, ours+batch 118.0, ultralytics 98.0 img/s -> 0.92x
+    [0.90-0.94], 0.62x [...] without the recent cache, 1.23x [...] with buffer, 1.20x [...]
+    with batch partners | coco128x10 ... | coco128-1080p ...
 
 Conditions (issue 23): imgsz 640, batch 16, mosaic on, mixup off, HSV, flips and affine
 at each tool's defaults (ours: the yolo9 recipe, ``resolve_config(model="yolo9-t")``;
@@ -26,6 +27,9 @@ Sets, made in a temporary folder from coco128 (``$COCO128`` or ../shared/dataset
   1920 px (640 x 480 becomes 1920 x 1440), saved as JPEG quality 90; labels unchanged
   (they are normalised). Trained at 640, so a loader must shrink every image 3x.
 
+"ours" is the training default, with ``cache_recent_mb`` at its 256 MiB (each process keeps the
+images it decoded last; samples unchanged); "ours-recent0" is ours with
+``cache_recent_mb=0``, every tile decoded, and the two variants below also run without it.
 "ours+buffer" is ours with ``mosaic_buffer = min(n, 8 x batch, 1000)``, Ultralytics'
 buffer size: about one decode per mosaic instead of four, at the randomness cost
 docs/performance.md states; it is off by default. "ours+batch" is ours with
@@ -93,8 +97,10 @@ OURS = textwrap.dedent("""
     from libreyolo_core.data import YOLODataset, build_dataloader, load_data_config, scan_split
     yaml, imgsz, batch, n_batches, buffer = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     report = scan_split(load_data_config(Path(yaml)), "train")
-    aug = resolve_config(model="yolo9-t", mosaic_buffer=buffer, mosaic_partners=sys.argv[6]).augment
-    ds = YOLODataset(report, imgsz, augment=True, aug=aug, seed=0)
+    recent = {} if sys.argv[7] == "default" else {"cache_recent_mb": int(sys.argv[7])}
+    cfg = resolve_config(model="yolo9-t", mosaic_buffer=buffer, mosaic_partners=sys.argv[6], **recent)
+    ds = YOLODataset(report, imgsz, augment=True, aug=cfg.augment, seed=0,
+                     cache_recent_mb=cfg.cache_recent_mb)
     loader = build_dataloader(ds, batch, 0, shuffle=True, seed=0, drop_last=True)
     def batches():
         epoch = 0
@@ -186,8 +192,10 @@ def main() -> None:
             for name, (ours_yaml, ultra_yaml, n) in sets.items():
                 common = [str(ours_yaml), str(a.imgsz), str(a.batch), str(a.batches)]
                 buffer = min(n, 8 * a.batch, 1000)
-                for label, extra in (("ours", ["0", "dataset"]), ("ours+buffer", [str(buffer), "dataset"]),
-                                     ("ours+batch", ["0", "batch"])):
+                for label, extra in (("ours", ["0", "dataset", "default"]),
+                                     ("ours-recent0", ["0", "dataset", "0"]),
+                                     ("ours+buffer", [str(buffer), "dataset", "0"]),
+                                     ("ours+batch", ["0", "batch", "0"])):
                     r = run([sys.executable, "-c", OURS, *common, *extra], env, 900)
                     rates.setdefault((name, label), []).append(r["img_s"])
                 if ultra_py is not None:
@@ -199,8 +207,8 @@ def main() -> None:
     parts = []
     for name in sets:
         med = {k: statistics.median(v) for (s, k), v in rates.items() if s == name}
-        text = (f"{name} ours {med['ours']:.1f} img/s, ours+buffer {med['ours+buffer']:.1f}, "
-                f"ours+batch {med['ours+batch']:.1f}")
+        text = (f"{name} ours {med['ours']:.1f} img/s, ours-recent0 {med['ours-recent0']:.1f}, "
+                f"ours+buffer {med['ours+buffer']:.1f}, ours+batch {med['ours+batch']:.1f}")
         if "ultralytics" in med:
             # the ratio of each round's neighbouring measurements, then their median: a load
             # change between rounds cancels out
@@ -211,6 +219,7 @@ def main() -> None:
                 return f"{statistics.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]"
 
             text += (f", ultralytics {med['ultralytics']:.1f} img/s -> {ratio('ours')}, "
+                     f"{ratio('ours-recent0')} without the recent cache, "
                      f"{ratio('ours+buffer')} with buffer, {ratio('ours+batch')} with batch partners")
         parts.append(text)
     head = (f"loader_vs_ultralytics imgsz={a.imgsz} batch={a.batch} rounds={a.rounds} "
