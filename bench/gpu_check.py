@@ -86,9 +86,11 @@ COMPUTE_BOUND = {"model": "yolo9-s", "imgsz": 1280, "batch": 16, "workers": 8, "
                  "mixup": 0.0, "hsv_prob": 0.0}
 #: loader=gpu (bench/gpu_loader.py): the same mosaic + mixup training profiled with the CPU
 #: loader on one worker (loader-bound) and with loader=gpu, whose worker only reads files
-#: while the GPU decodes and augments: the verdict must leave ``dataloader``.
+#: while the GPU decodes and augments: the verdict must leave ``dataloader``. Both decode
+#: every image (``cache_recent_mb=0``: the 224 images at 640 would fit the CPU loader's
+#: default store of recently decoded ones, which loader=gpu does not use).
 LOADER_CPU = {"model": "yolo9-t", "imgsz": 640, "batch": 16, "workers": 1, "amp": True,
-              "warmup": 3, "steps": 10, "images": 224, "loader": "cpu"}
+              "warmup": 3, "steps": 10, "images": 224, "loader": "cpu", "cache_recent_mb": 0}
 LOADER_GPU = {**LOADER_CPU, "loader": "gpu"}
 PROFILE_CASES: dict[str, tuple[dict[str, Any], str | tuple[str, ...]]] = {
     "launch_bound": (LAUNCH_BOUND, "host/launch"),
