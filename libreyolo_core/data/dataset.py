@@ -336,6 +336,16 @@ class YOLODataset(Dataset):
             tmp.unlink(missing_ok=True)
         return img
 
+    def _recent_need(self) -> int:
+        """Bytes of every image's decoded pixels (what the recent store would need)."""
+        return estimate_cache("ram", self._shapes(), self.imgsz).need
+
+    def recent_fits(self) -> bool | None:
+        """Whether every image fits the store of recently decoded images
+        (``cache_recent_mb``), so each is decoded once per loader process; ``None``
+        without the store."""
+        return None if self._recent is None else self._recent_need() <= self._recent.budget
+
     def describe_recent(self) -> str | None:
         """One line on the recently decoded images each loader process keeps
         (``cache_recent_mb``): the budget, what the whole set needs, and whether it fits;
@@ -343,7 +353,7 @@ class YOLODataset(Dataset):
         if self._recent is None:
             return None
         mib = 2**20
-        need = estimate_cache("ram", self._shapes(), self.imgsz).need
+        need = self._recent_need()
         fits = ("all fit: each image is decoded once per loader process" if need <= self._recent.budget
                 else f"about {100 * self._recent.budget / need:.0f}% of decodes are saved")
         return (f"cache_recent_mb={self._recent.budget // mib}: recently decoded images kept per "

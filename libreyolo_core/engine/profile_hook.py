@@ -40,6 +40,6 @@ def build_profiler(cfg: Any, parts: Any, *, dist: Any, device: torch.device, tit
         images=len(parts.train_set), nbs=cfg.nbs,
         meta={"model": title, "device": str(device), "batch": parts.batch, "imgsz": cfg.imgsz,
               "amp": parts.amp.enabled, "amp_dtype": parts.amp.name, "workers": parts.train_loader.num_workers,
-              "loader": cfg.loader,
+              "loader": cfg.loader, "cache_recent_fits": parts.train_set.recent_fits(),
               "cuda_graph": cfg.cuda_graph, "compile": cfg.compile, "world_size": 1, "torch": torch.__version__},
     )

@@ -239,6 +239,11 @@ def _notes(device_type: str, meta: Mapping[str, Any], analysis: Mapping[str, Any
         notes.append("fp32 run: AMP/bf16 would push gemm/conv onto Tensor Cores")
     if analysis is None:
         notes.append(f"no trace analysed ({trace_error or 'profile_trace=False'})")
+    if meta.get("cache_recent_fits"):
+        notes.append("the window is in the first epoch, while each loader process fills its "
+                     "store of recently decoded images (cache_recent_mb); every image of this "
+                     "set fits it, so later epochs decode none and wait less for data than "
+                     "measured here")
     return notes
 
 

@@ -219,3 +219,13 @@ def test_readers_on_a_raw_gpu_trace(gpu_trace_file, capsys):
     bad = gpu_trace_file.with_name("bad.json")
     bad.write_text('{"hello": 1}')
     assert main(["summary", str(bad)]) == 1
+
+
+@pytest.mark.parametrize("fits", [True, False, None])
+def test_a_set_that_fits_the_recent_store_is_noted(fits):
+    """Only a set whose every image fits ``cache_recent_mb`` loads faster after the first
+    epoch (False: it does not fit; None: no store)."""
+    from libreyolo_core.profiler.artifacts import _notes
+
+    notes = _notes("cpu", {"cache_recent_fits": fits}, None, None)
+    assert any("later epochs decode none" in n for n in notes) is bool(fits)

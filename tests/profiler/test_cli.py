@@ -29,6 +29,10 @@ def test_real_run_writes_the_artifacts(profiled_run):
     assert isinstance(p["lever"]["params"], dict) and isinstance(p["lever"]["also"], list)
     assert p["window"]["warmup"] == 2 and p["window"]["real_steps"] == 2
     assert p["config"]["model"] == "YOLOv9-t" and p["config"]["batch"] == 4
+    # the tiny set fits the default store of recently decoded images: the window, in the
+    # first epoch while it fills, says that later epochs wait less for data
+    assert p["config"]["cache_recent_fits"] is True
+    assert any("store of recently decoded images" in n for n in p["notes"])
     assert p["ops"] and p["categories"] and p["ops_by_phase"]["forward"]
     assert {"dataload", "to_device", "forward", "backward", "optimizer"} <= {
         r["phase"] for r in p["phases"]
