@@ -210,7 +210,8 @@ class TrainConfig(BaseModel):
     cache_recent_mb: int = Field(
         256, ge=0, le=1_048_576, description="MiB of recently decoded images each loader process "
         "keeps (least recently used dropped first), so an image is decoded again only after "
-        "dropping out; samples do not change; 0 = off; not used with cache=ram")
+        "dropping out; samples do not change; 0 = off; not used with cache=ram nor by "
+        "loader=gpu's training loader")
     loader: Literal["cpu", "gpu"] = Field(
         "cpu", description="where training images are decoded and augmented: cpu (loader "
         "workers, OpenCV) or gpu (workers read file bytes; nvjpeg decode, mosaic, affine, mixup, "

@@ -355,7 +355,7 @@ class YOLODataset(Dataset):
         mib = 2**20
         need = self._recent_need()
         fits = ("all fit: each image is decoded once per loader process" if need <= self._recent.budget
-                else f"about {100 * self._recent.budget / need:.0f}% of decodes are saved")
+                else f"about {min(99, int(100 * self._recent.budget / need))}% of decodes are saved")
         return (f"cache_recent_mb={self._recent.budget // mib}: recently decoded images kept per "
                 f"loader process; the {len(self)} images at imgsz {self.imgsz} need "
                 f"{need / mib:.0f} MiB, {fits}")

@@ -38,8 +38,9 @@ __all__ = ["Resume", "resume_path", "open_resume", "load_resume", "latest_last_c
            "announce_resume"]
 
 #: The keys a resumed run takes from the call rather than the checkpoint, when given:
-#: where to find things and how long to train.
-CALL_KEYS = ("data", "device", "workers", "epochs")
+#: where to find things, how long to train, and how images are held in memory (the
+#: caches change no sample: a run killed for memory resumes with less).
+CALL_KEYS = ("data", "device", "workers", "epochs", "cache", "cache_recent_mb")
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,15 @@ class Resume:
         keep = {k: getattr(given, k) for k in CALL_KEYS if k in given.model_fields_set}
         return TrainConfig(**{**self.ckpt["config"], **keep, "resume": str(self.path)})
 
+    def ignored(self, given: TrainConfig) -> list[str]:
+        """The keys ``given`` sets to other values than the checkpoint's that a resume does
+        not take (every key but :data:`CALL_KEYS`, ``resume`` and where the run is written),
+        as ``key=value`` (the checkpoint's value)."""
+        saved = TrainConfig(**self.ckpt["config"])
+        skip = {*CALL_KEYS, "resume", "project", "name", "exist_ok"}
+        return [f"{k}={getattr(saved, k)!r}" for k in sorted(given.model_fields_set - skip)
+                if getattr(given, k) != getattr(saved, k)]
+
     def arch(self, family: Any) -> dict[str, Any]:
         """The head widths the checkpoint was trained with (YOLOv9's class tower), so the
         rebuilt model takes every weight."""
@@ -152,6 +162,15 @@ def load_resume(path: str | Path) -> Resume:
     if "optimizer" not in ckpt or "epoch" not in ckpt:
         raise ValueError(f"{path}: has no training state to resume (a final/inference checkpoint)")
     return Resume(path, ckpt)
+
+
+def warn_ignored(ignored: list[str], resume: Resume | None) -> None:
+    """One warning naming the keys of the call a resume did not take
+    (:meth:`Resume.ignored`), with what can change and how to change the rest."""
+    where = f"model={resume.path}" if resume is not None else "model=<checkpoint>"
+    log.warning("resume continues the run as it was saved, so the checkpoint's %s stand (a "
+                "resume takes only %s from the call; to change the others start a new run, "
+                "or fine-tune with %s)", ", ".join(ignored), ", ".join(CALL_KEYS), where)
 
 
 def announce_resume(resume: Resume, *, start_epoch: int, epochs: int, lr: float, step: int,

@@ -37,7 +37,13 @@ from libreyolo_core.engine.build import TrainParts, build_parts
 from libreyolo_core.engine.events import EventLog
 from libreyolo_core.engine.nonfinite import BatchNormGuard
 from libreyolo_core.engine.profile_hook import build_profiler
-from libreyolo_core.engine.resume import Resume, announce_resume, check_resume_classes, open_resume
+from libreyolo_core.engine.resume import (
+    Resume,
+    announce_resume,
+    check_resume_classes,
+    open_resume,
+    warn_ignored,
+)
 from libreyolo_core.engine.rundir import make_run_dir
 from libreyolo_core.engine.state import TrainState
 from libreyolo_core.models.family import Family
@@ -127,13 +133,17 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
     set_phase("set-up (process group, data scan, model)")
     if resume is None:
         resume = open_resume(cfg)
+    ignored: list[str] = []
     if resume is not None:  # continue with the checkpoint's config
+        ignored = resume.ignored(cfg)
         cfg = resume.config(cfg)
     owned = not (dist.is_available() and dist.is_initialized())
     ctx, device = init_distributed(cfg.device)
     owned = owned and ctx.enabled
     if on_dist is not None:
         on_dist(ctx, owned)
+    if ignored and ctx.is_main:
+        warn_ignored(ignored, resume)
     family, size = parse_model_name(cfg.model)
     torch.manual_seed(cfg.seed)
 

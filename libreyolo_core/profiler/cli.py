@@ -98,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from libreyolo_core.profiler.window import ProfileWindowError
 
     project = Path(args.project)
+    keys = {"batch": args.batch, "imgsz": args.imgsz, "workers": args.workers, "amp": args.amp,
+            "device": args.device, **_set_keys(args.set or [])}
     results = []
     for i in range(args.repeat):
         name = "prof" if args.repeat == 1 else f"prof_{i + 1}"
@@ -105,8 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             results.append(run_trial(
                 args.data, _model_name(args), project=project, name=name, warmup=args.warmup,
                 steps=args.steps, epochs=args.epochs, stdout=sys.stderr if args.json else None,
-                batch=args.batch, imgsz=args.imgsz, workers=args.workers, amp=args.amp,
-                device=args.device,
+                **keys,
             ))
         except ProfileWindowError as exc:
             print(f"error: no profile for trial {i + 1}: {exc}", file=sys.stderr)
@@ -302,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeat", type=int, default=1, help="trials: prof_1..prof_N + profile_repeat.json"
     )
     r.add_argument("--device", default=None, help="cpu, 0, cuda:0, auto (default: auto)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any other training key (repeat: --set cache_recent_mb=0 --set mixup=0)")
     r.add_argument("--project", default="runs/profile")
     r.add_argument(
         "--epochs",

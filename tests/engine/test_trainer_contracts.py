@@ -220,6 +220,16 @@ def test_resume_config_run_dir_and_lean_refusal(tmp_path):
     assert (cfg.data, cfg.epochs, cfg.lr0, cfg.workers, cfg.resume) == ("new.yaml", 9, 0.02, 4, str(path))
     assert Resume(path, ckpt).run_dir == tmp_path / "run7" and Resume(path, ckpt).epochs_done == 2
 
+    # the caches change no sample: a resume takes them (a run killed for memory resumes
+    # with less); the keys it does not take are named, with the checkpoint's values
+    given = resolve_config({"model": "yolo9-t", "data": "new.yaml", "lr0": 0.5, "val": False,
+                            "cache_recent_mb": 0, "cache": "disk", "project": "elsewhere"})
+    cfg = Resume(path, ckpt).config(given)
+    assert (cfg.cache_recent_mb, cfg.cache, cfg.lr0, cfg.val) == (0, "disk", 0.02, True)
+    assert Resume(path, ckpt).ignored(given) == ["lr0=0.02", "val=True"]
+    same = resolve_config({"model": "yolo9-t", "lr0": 0.02, "epochs": 5})
+    assert Resume(path, ckpt).ignored(same) == []
+
     meta = {"model_family": "yolox", "size": "n", "nc": 1, "names": {0: "a"}, "imgsz": 64}
     full = TrainState().checkpoint(0, _parts(0), meta=meta, config=saved.model_dump(mode="json"))
     save_checkpoint(lean_state(full), tmp_path / "best.pt")

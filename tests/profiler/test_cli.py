@@ -290,3 +290,25 @@ def test_compare_quiet_sides_and_missing_load():
     old = _profile([10.0, 10.2, 9.8])  # written before loads were recorded
     env = compare_profiles(old, b).environment
     assert env.may_explain is None and "not recorded for before" in env.note
+
+
+def test_profile_run_takes_other_training_keys_with_set(small_yaml, tmp_path, capsys):
+    """``--set KEY=VALUE`` reaches the trial (no store of recently decoded images: no note
+    about later epochs); a bad key or item is a usage error before any training."""
+    rc = main(["run", str(small_yaml), "--imgsz", "64", "--batch", "4", "--workers", "0",
+               "--device", "cpu", "--warmup", "1", "--steps", "2", "--set", "cache_recent_mb=0",
+               "--project", str(tmp_path / "p")])
+    assert rc == 0
+    p = json.loads((tmp_path / "p" / "prof" / "profile.json").read_text())
+    assert p["config"]["cache_recent_fits"] is None
+    assert not any("store of recently decoded images" in n for n in p["notes"])
+    from libreyolo_core.cli import main as libreyolo_main
+
+    capsys.readouterr()
+    for bad, said in ((["--set", "nope=1"], "unknown key 'nope'"),
+                      (["--set", "cache_recent_mb=-1"], "cache_recent_mb='-1' is invalid"),
+                      (["--set", "oops"], "give a training key as KEY=VALUE")):
+        with pytest.raises(SystemExit) as exc:
+            libreyolo_main(["profile", "run", str(small_yaml), *bad, "--project", str(tmp_path / "q")])
+        assert exc.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "q" / "prof" / "profile.json").exists()
