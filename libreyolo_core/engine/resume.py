@@ -38,9 +38,10 @@ __all__ = ["Resume", "resume_path", "open_resume", "load_resume", "latest_last_c
            "announce_resume"]
 
 #: The keys a resumed run takes from the call rather than the checkpoint, when given:
-#: where to find things, how long to train, and how images are held in memory (the
-#: caches change no sample: a run killed for memory resumes with less).
-CALL_KEYS = ("data", "device", "workers", "epochs", "cache", "cache_recent_mb")
+#: where to find things (a resume on another host has its own cache folder), how long to
+#: train, and how images are held in memory (the caches change no sample: a run killed
+#: for memory resumes with less).
+CALL_KEYS = ("data", "device", "workers", "epochs", "cache", "cache_recent_mb", "cache_dir")
 
 log = logging.getLogger(__name__)
 
