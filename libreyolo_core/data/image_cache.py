@@ -190,8 +190,13 @@ class RecentImages:
         self._images: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
-        """Image ``i``: from the cache (now the most recent), else ``load(i)``, then kept if
-        it fits the budget."""
+        """Image ``i``, uint8 ``(h, w, 3)``: from the cache (read-only; now the most recent),
+        else ``load(i)``, then kept if it fits the budget (the least recently used dropped
+        first to make room; one larger than the whole budget is returned, not kept).
+
+        Raises:
+            whatever ``load(i)`` raises (nothing is kept then).
+        """
         img = self._images.get(i)
         if img is not None:
             self._images.move_to_end(i)

@@ -35,7 +35,7 @@ from libreyolo_core.data.config import DataConfig
 from libreyolo_core.engine.checkpoint import CheckpointError, load_checkpoint
 
 __all__ = ["Resume", "resume_path", "open_resume", "load_resume", "latest_last_checkpoint", "check_resume_classes",
-           "announce_resume"]
+           "announce_resume", "warn_ignored"]
 
 #: The keys a resumed run takes from the call rather than the checkpoint, when given:
 #: where to find things (a resume on another host has its own cache folder), how long to
@@ -165,13 +165,13 @@ def load_resume(path: str | Path) -> Resume:
     return Resume(path, ckpt)
 
 
-def warn_ignored(ignored: list[str], resume: Resume | None) -> None:
+def warn_ignored(ignored: list[str], resume: Resume) -> None:
     """One warning naming the keys of the call a resume did not take
     (:meth:`Resume.ignored`), with what can change and how to change the rest."""
-    where = f"model={resume.path}" if resume is not None else "model=<checkpoint>"
     log.warning("resume continues the run as it was saved, so the checkpoint's %s stand (a "
                 "resume takes only %s from the call; to change the others start a new run, "
-                "or fine-tune with %s)", ", ".join(ignored), ", ".join(CALL_KEYS), where)
+                "or fine-tune with model=%s)", ", ".join(ignored), ", ".join(CALL_KEYS),
+                resume.path)
 
 
 def announce_resume(resume: Resume, *, start_epoch: int, epochs: int, lr: float, step: int,

@@ -142,7 +142,7 @@ def prepare_run(cfg: TrainConfig, *, model: torch.nn.Module | None = None,
     owned = owned and ctx.enabled
     if on_dist is not None:
         on_dist(ctx, owned)
-    if ignored and ctx.is_main:
+    if resume is not None and ignored and ctx.is_main:
         warn_ignored(ignored, resume)
     family, size = parse_model_name(cfg.model)
     torch.manual_seed(cfg.seed)

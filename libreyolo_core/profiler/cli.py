@@ -98,8 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from libreyolo_core.profiler.window import ProfileWindowError
 
     project = Path(args.project)
-    keys = {"batch": args.batch, "imgsz": args.imgsz, "workers": args.workers, "amp": args.amp,
-            "device": args.device, **_set_keys(args.set or [])}
+    keys = _train_keys(args)
     results = []
     for i in range(args.repeat):
         name = "prof" if args.repeat == 1 else f"prof_{i + 1}"
@@ -157,6 +156,17 @@ def _set_keys(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _train_keys(args: argparse.Namespace) -> dict[str, Any]:
+    """The training keys of ``profile run`` / ``profile tune``: their flags, then ``--set``
+    (which wins).
+
+    Raises:
+        ReaderError: a ``--set`` item without ``=`` (code 2).
+    """
+    return {"batch": args.batch, "imgsz": args.imgsz, "workers": args.workers, "amp": args.amp,
+            "device": args.device, **_set_keys(args.set or [])}
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """Profile the configuration, try the levers of its verdict, recommend only real gains
     (:func:`~.tune.run_tune`); exit 3 when one epoch cannot hold the window."""
@@ -170,8 +180,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                               min_gain=args.min_gain)
     except ValueError as exc:
         raise ReaderError(str(exc)) from None
-    base = {"batch": args.batch, "imgsz": args.imgsz, "workers": args.workers, "amp": args.amp,
-            "device": args.device, **_set_keys(args.set or [])}
+    base = _train_keys(args)
     try:
         res = run_tune(args.data, _model_name(args), run_dir=args.project,
                        base={k: v for k, v in base.items() if v is not None}, options=options,
