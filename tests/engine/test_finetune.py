@@ -3,6 +3,7 @@ and ``freeze=`` keeps weights and BatchNorm statistics bit-identical."""
 
 from __future__ import annotations
 
+import csv
 import logging
 import shutil
 from pathlib import Path
@@ -44,11 +45,14 @@ def _datasets(root: Path) -> tuple[Path, Path]:
 def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
     pre_data, ft_data = _datasets(tmp_path)
     # Training this small from scratch is chaotic: the CPU's kernels (AVX-512 or AVX2, a
-    # different summation order) change the result as much as the seed does. Measured over
-    # seeds 0-3 on both (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 reproduces an AVX2
-    # machine's numbers exactly): after 40 pre-training epochs, pre-train mAP50 0.13-0.82 and
-    # fine-tuned 0.02 on one AVX2 run; after 80, pre-train 0.34-1.0, fine-tuned 0.20-0.73,
-    # scratch 0.0 in every run. So 80 epochs and a margin of 0.1.
+    # different summation order) and the last bit of a CIoU change the result as much as the
+    # seed does. Measured over seeds 0-3 on both (ATEN_CPU_CAPABILITY=avx2
+    # ONEDNN_MAX_CPU_ISA=AVX2 reproduces an AVX2 machine's numbers exactly): after 80
+    # pre-training epochs, pre-train mAP50 0.34-1.0, fine-tuned 0.097-0.73, scratch 0.0 in
+    # every run. So the mAP50 is only required to beat scratch's; the margin is asked of the
+    # losses of the parts the weights carry over (backbone, neck, box and DFL branches; the
+    # class branch is re-initialised): the fine-tuned run's last-epoch box + DFL loss was
+    # 0.59x scratch's (1.96 against 3.31), and must be below 0.8x.
     pre = LibreYOLO("yolo9-t").train(data=pre_data, epochs=80, project=tmp_path, name="pre", **TINY)
     with caplog.at_level(logging.INFO, logger="libreyolo_core.facade"):
         tuned_model = LibreYOLO(pre["best_checkpoint"])
@@ -58,7 +62,12 @@ def test_finetune_across_class_counts_beats_scratch(tmp_path, caplog):
     assert line == ("class count 4 -> 3: transferred 1332 of 1338 tensors; "
                     "re-initialised: head.cls.{0,1,2}.2.{bias,weight}")
     assert tuned_model.names == {0: "round", 1: "boxy", 2: "pointy"}  # names from the new dataset
-    assert tuned["mAP50"] > scratch["mAP50"] + 0.1, (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
+    assert tuned["mAP50"] > scratch["mAP50"], (pre["mAP50"], tuned["mAP50"], scratch["mAP50"])
+    box_dfl = {}
+    for run in ("ft", "scratch"):
+        last = list(csv.DictReader((tmp_path / run / "results.csv").read_text().splitlines()))[-1]
+        box_dfl[run] = float(last["train/box_loss"]) + float(last["train/dfl_loss"])
+    assert box_dfl["ft"] < 0.8 * box_dfl["scratch"], box_dfl
 
 
 def test_freeze_keeps_weights_and_batchnorm_statistics(tmp_path):

@@ -164,6 +164,59 @@ def test_assigner_ignores_padding_rows():
     assert fg.any() and (gt_idx[fg] == 0).all()
 
 
+def _dense_assign(asg, scores, preds, points, stride, gt, cls, mask):
+    """The assignment as its definition reads (TaskAlignedAssigner's docstring), on dense
+    ``(B, M, A)`` tensors: the oracle for the assigner, which computes scores on the valid
+    pairs only."""
+    b, a, c = scores.shape
+    valid = asg._valid(points, stride, gt) & mask[..., None]
+    iou = bbox_ciou(gt[:, :, None], preds[:, None]).clamp(0, 1)
+    prob = scores.transpose(1, 2).gather(1, cls.clamp(0, c - 1)[..., None].expand(-1, -1, a))
+    score = iou.pow(asg.iou_power) * prob.pow(asg.cls_power)
+    top_val, top_idx = (score * valid).topk(min(asg.topk, a), -1)
+    pos = torch.zeros_like(valid).scatter_(-1, top_idx, top_val > 0)
+    best_val, best_idx = score.max(-1)
+    centre = (gt[..., :2] + gt[..., 2:]) / 2
+    nearest = (centre[:, :, None] - points).square().sum(-1).argmin(-1)
+    best_idx = torch.where(best_val > 0, best_idx, nearest)
+    need = mask & ~pos.any(-1)
+    pos.scatter_(-1, best_idx[..., None], need[..., None] | pos.gather(-1, best_idx[..., None]))
+    fg = pos.any(1)
+    gt_idx = torch.where(pos, iou, -1.0).argmax(1)
+    pos = torch.zeros_like(pos).scatter_(1, gt_idx[:, None], fg[:, None])
+    max_score = (score * pos).amax(-1, keepdim=True)
+    norm = (score * pos / max_score.clamp(min=torch.finfo(score.dtype).tiny)
+            * (iou * pos).amax(-1, keepdim=True)).sum(1)
+    target_scores = torch.zeros(b, a, c).scatter_(-1, cls.gather(1, gt_idx)[..., None], norm[..., None])
+    return gt.gather(1, gt_idx[..., None].expand(b, a, 4)), target_scores, fg, gt_idx
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_assigner_equals_its_dense_definition(seed):
+    """Many GTs per image (padding rows, tiny boxes that fall back to one anchor, boxes that
+    claim the same anchors, quantised IoUs that tie) on a 320 px grid: the same fg, GT
+    indices and target boxes, and soft targets within float32 rounding."""
+    g = torch.Generator().manual_seed(seed)
+    points, stride = make_anchors([(40, 40), (20, 20), (10, 10)], (8, 16, 32), "cpu", torch.float32)
+    b, a, c, m = 4, points.shape[0], 5, 30
+    half = torch.rand(a, 2, generator=g) * 30 + 1
+    preds = torch.cat((points - half, points + half), 1)[None].expand(b, a, 4).contiguous()
+    preds = (preds / 4).round() * 4  # equal boxes: ties between GTs and anchors
+    scores = torch.rand(b, a, c, generator=g)
+    xy = torch.rand(b, m, 2, generator=g) * 300
+    wh = torch.where(torch.rand(b, m, 1, generator=g) < 0.3, 2.0, torch.rand(b, m, 2, generator=g) * 80 + 4)
+    gt = torch.cat((xy, xy + wh), -1)
+    gt[:, 1] = gt[:, 0]  # a duplicate GT per image
+    cls = torch.randint(0, c, (b, m), generator=g)
+    mask = torch.rand(b, m, generator=g) > 0.2
+    asg = TaskAlignedAssigner()
+    got = asg(scores, preds, points, stride, gt, cls, mask)
+    want = _dense_assign(asg, scores, preds, points, stride, gt, cls, mask)
+    assert want[2].sum() > 0 and torch.equal(got[2], want[2])
+    assert torch.equal(got[3], want[3]) and torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
+
+
 def test_assigner_gives_every_claimed_anchor_a_gt_when_predictions_are_nan():
     """A non-finite step (NaN predicted boxes): the assignment still completes (the loss
     is NaN and the guard skips the step) instead of indexing past the GTs, which ended

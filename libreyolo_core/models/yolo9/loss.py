@@ -10,8 +10,9 @@ Sources:
   (``tests/models/test_loss_reference.py`` compares the numbers).
 
 Everything is vectorised over the batch: targets are padded to ``(B, M, ...)`` with a
-mask and matched with dense ``(B, M, A)`` tensors; there are no per-image or per-box
-Python loops. The only host read is the per-image maximum target count ``M`` (a shape),
+mask and matched on ``(B, M, A)`` masks, with CIoU and alignment scores computed only on
+the (GT, anchor) pairs that can become positives (and ties broken as a dense argmax
+would); there are no per-image or per-box Python loops. The only host read is the per-image maximum target count ``M`` (a shape),
 taken from the targets' device (free when targets are on the CPU); set
 :attr:`YOLO9Loss.max_targets` to a fixed ``M`` to avoid it.
 """
@@ -155,49 +156,79 @@ class TaskAlignedAssigner(nn.Module):
         pred_scores, pred_boxes = pred_scores.float(), pred_boxes.float()
         gt_boxes = gt_boxes.float()
 
+        # CIoU and alignment scores only where they can matter: the valid (GT, anchor)
+        # pairs (a few per cent of B x M x A) and, below, the whole row of a GT left
+        # without a positive; every other pair's IoU and score is 0, as ``score * valid``
+        # made it before.
         valid = self._valid(points, stride, gt_boxes) & gt_mask[..., None]  # (B, M, A)
-        iou = bbox_ciou(gt_boxes[:, :, None, :], pred_boxes[:, None, :, :]).clamp_(0, 1)
-        cls_idx = gt_cls.clamp(0, c - 1)[..., None].expand(b, m, a)
-        prob = pred_scores.transpose(1, 2).gather(1, cls_idx)  # (B, M, A)
-        score = iou.pow(self.iou_power) * prob.pow(self.cls_power)
+        cls_c = gt_cls.clamp(0, c - 1)
+        vb, vm, va = valid.nonzero(as_tuple=True)
+        iou = torch.zeros(b, m, a, device=device)
+        score = torch.zeros(b, m, a, device=device)
+        iou_v, score_v = self._align(gt_boxes[vb, vm], pred_boxes[vb, va], pred_scores[vb, va, cls_c[vb, vm]])
+        iou[vb, vm, va] = iou_v
+        score[vb, vm, va] = score_v
 
         # top-k valid anchors with a positive score per GT
         k = min(self.topk, a)
-        top_val, top_idx = (score * valid).topk(k, dim=-1)
+        top_val, top_idx = score.topk(k, dim=-1)
         pos = torch.zeros(b, m, a, dtype=torch.bool, device=device)
         pos.scatter_(-1, top_idx, top_val > 0)
 
-        # GTs left without any positive get their single best anchor
-        best_val, best_idx = score.max(-1)
-        centre = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2  # (B, M, 2)
-        d2 = (centre[:, :, None, :] - points[None, None]).square().sum(-1)
-        nearest = d2.argmin(-1)
-        best_idx = torch.where(best_val > 0, best_idx, nearest)
-        need = gt_mask & ~pos.any(-1)  # (B, M)
-        pos.scatter_(-1, best_idx[..., None], need[..., None] | pos.gather(-1, best_idx[..., None]))
+        # GTs left without any positive get their single best anchor by the unmasked
+        # score (the nearest anchor to their centre when every score is 0)
+        nb, nm = (gt_mask & ~pos.any(-1)).nonzero(as_tuple=True)
+        if nb.numel():
+            rows = gt_boxes[nb, nm]  # (K, 4)
+            iou_r, score_r = self._align(rows[:, None, :], pred_boxes[nb], pred_scores[nb, :, cls_c[nb, nm]])
+            best_val, best_idx = score_r.max(-1)
+            centre = (rows[:, :2] + rows[:, 2:]) / 2  # (K, 2)
+            nearest = (centre[:, None, :] - points[None]).square().sum(-1).argmin(-1)
+            best_idx = torch.where(best_val > 0, best_idx, nearest)
+            pos[nb, nm, best_idx] = True
+            iou[nb, nm, best_idx] = iou_r.gather(1, best_idx[:, None]).squeeze(1)
+            score[nb, nm, best_idx] = score_r.gather(1, best_idx[:, None]).squeeze(1)
 
-        # an anchor claimed by several GTs keeps the highest-IoU one
+        # an anchor claimed by several GTs keeps the highest-IoU one (the first such GT on a
+        # tie, as argmax over GTs would pick); on the positive pairs only
         fg = pos.any(1)  # (B, A)
-        gt_idx = torch.where(pos, iou, -1.0).argmax(1)  # (B, A)
-        pos = torch.zeros_like(pos).scatter_(1, gt_idx[:, None], fg[:, None])
+        pb, pm, pa = pos.nonzero(as_tuple=True)
+        flat = pb * a + pa
+        iou_p = iou[pb, pm, pa]
+        best = iou.new_full((b * a,), -1.0).scatter_reduce_(0, flat, iou_p, "amax")
+        # (not ``iou_p == best``: a NaN IoU of a non-finite step would leave its anchor
+        # without any GT; NaN pairs count as winners, finite ones below the best lose)
+        won = ~(iou_p < best[flat])
+        gt_idx = torch.full((b * a,), m, dtype=torch.long, device=device)
+        gt_idx = gt_idx.scatter_reduce_(0, flat[won], pm[won], "amin").view(b, a)
+        gt_idx = gt_idx.masked_fill_(~fg, 0)  # (B, A); 0 where no GT claims the anchor
 
-        # soft targets normalised per GT
-        score_pos = score * pos
-        iou_pos = iou * pos
-        max_score = score_pos.amax(-1, keepdim=True)
-        max_iou = iou_pos.amax(-1, keepdim=True)
-        # score / max score (by default no additive eps: see the class docstring)
+        # soft targets normalised per GT: score / max score x max IoU over each GT's
+        # final positives (by default no additive eps: see the class docstring)
+        fb, fa = fg.nonzero(as_tuple=True)
+        fm = gt_idx[fb, fa]
+        gt_flat = fb * m + fm
+        score_f, iou_f = score[fb, fm, fa], iou[fb, fm, fa]
+        max_score = score.new_zeros(b * m).scatter_reduce_(0, gt_flat, score_f, "amax")
+        max_iou = iou.new_zeros(b * m).scatter_reduce_(0, gt_flat, iou_f, "amax")
         if self.align_eps > 0:
             denom = max_score + self.align_eps
         else:
             denom = max_score.clamp(min=torch.finfo(score.dtype).tiny)
-        norm = (score_pos / denom * max_iou).sum(1)  # (B, A)
+        norm = score.new_zeros(b, a)
+        norm[fb, fa] = score_f / denom[gt_flat] * max_iou[gt_flat]
 
         target_cls = gt_cls.gather(1, gt_idx).clamp(0, c - 1)
         target_boxes = gt_boxes.gather(1, gt_idx[..., None].expand(b, a, 4))
         target_scores = torch.zeros(b, a, c, device=device)
         target_scores.scatter_(-1, target_cls[..., None], norm[..., None])
         return target_boxes, target_scores, fg, gt_idx
+
+    def _align(self, gt: Tensor, pred: Tensor, prob: Tensor) -> tuple[Tensor, Tensor]:
+        """CIoU clamped to [0, 1] and alignment score ``IoU^iou_power x prob^cls_power`` of
+        broadcastable ``xyxy`` boxes ``gt`` and ``pred`` and class probabilities ``prob``."""
+        iou = bbox_ciou(gt, pred).clamp_(0, 1)
+        return iou, iou.pow(self.iou_power) * prob.pow(self.cls_power)
 
     def _valid(self, points: Tensor, stride: Tensor, gt_boxes: Tensor) -> Tensor:
         """``(B, M, A)`` anchors inside each GT whose distances fit the DFL range."""
