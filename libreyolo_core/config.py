@@ -227,6 +227,10 @@ class TrainConfig(BaseModel):
         False, description="torch.compile the training network (as Ultralytics' compile): "
         "True = 'default', or a torch.compile mode; pays on a GPU only, the first step "
         "compiles (minutes); eager if compiling fails; wins over cuda_graph")
+    channels_last: bool | None = Field(
+        None, description="train the network in channels-last (NHWC) memory: None = auto (on "
+        "for CUDA and x86 CPUs with oneDNN, where convolutions run faster on it; off elsewhere); "
+        "checkpoints are written in NCHW either way")
     sync_bn: bool = Field(False, description="SyncBatchNorm under DDP")
     # -- profiler --------------------------------------------------------------------
     profile: bool = Field(False, description="profile a window of steps, then keep training")

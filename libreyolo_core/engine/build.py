@@ -39,6 +39,7 @@ from libreyolo_core.engine.compiled import build_compiled_network
 from libreyolo_core.engine.cuda_graph import build_cuda_graph_manager
 from libreyolo_core.engine.ema import ModelEMA, unwrap
 from libreyolo_core.engine.freeze import freeze_modules
+from libreyolo_core.engine.memory_format import apply_memory_format
 from libreyolo_core.engine.optim import LRSchedule, accumulate_steps, build_optimizer
 from libreyolo_core.weights.transfer import compact_names
 
@@ -71,6 +72,8 @@ class TrainParts:
         ema: the weights' moving average (rank 0 with ``ema=True``), else None.
         data_summary: ``{"train": ..., "val": ...}``, each split's
             :meth:`~libreyolo_core.data.report.ScanReport.defect_summary` (the run's result).
+        memory_format: the network's layout (``channels_last``); the trainer hands it its
+            input in the same one.
     """
 
     model: nn.Module
@@ -91,6 +94,7 @@ class TrainParts:
     ema: ModelEMA | None
     data_summary: dict[str, Any] | None = None
     compiled: Any = None
+    memory_format: torch.memory_format = torch.contiguous_format
 
 
 def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, dist: DistContext,
@@ -121,6 +125,8 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
     main, ddp = dist.is_main, dist.enabled
     train_report, val_report = _scan(cfg, data, main)
     model, frozen = _model(cfg, family, size, len(data.names), device, main, model, arch)
+    memory_format = torch.channels_last if apply_memory_format(
+        model, cfg.channels_last, device, announce=main) else torch.contiguous_format
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     batch = _resolve_batch(cfg, model, device, dist, amp)
     rank_batch = per_rank_batch(batch, dist.world_size)
@@ -148,7 +154,7 @@ def build_parts(cfg: TrainConfig, *, family: Any, size: str, data: DataConfig, d
                       train_set=train_set, train_loader=train_loader, val_loader=val_loader,
                       loss_fn=loss_fn, item_names=tuple(loss_fn.item_names), cuda_graph=cuda_graph,
                       accumulate=accumulate, optimizer=optimizer, steps_per_epoch=steps_per_epoch,
-                      schedule=schedule, ema=ema, compiled=compiled,
+                      schedule=schedule, ema=ema, compiled=compiled, memory_format=memory_format,
                       data_summary={name: r.defect_summary() for name, r in
                                     (("train", train_report), ("val", val_report)) if r is not None})
 

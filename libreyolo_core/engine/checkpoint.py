@@ -78,7 +78,8 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     """Write ``state`` to ``path`` atomically (temp file + rename); returns the path.
 
     ``model`` and ``train_model`` are written under LibreYOLO's tensor names for the
-    checkpoint's ``model_family``.
+    checkpoint's ``model_family``, in NCHW (contiguous) memory whatever the training
+    layout (``channels_last``).
 
     Raises:
         NonFiniteCheckpointError: a floating tensor of ``state`` holds NaN or inf (nothing
@@ -87,8 +88,9 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     from libreyolo_core.weights.names import to_libreyolo
 
     family = str(state.get("model_family", ""))
-    state = {k: to_libreyolo(family, v) if k in STATE_KEYS and isinstance(v, dict) else v
-             for k, v in state.items()}
+    # NCHW whatever the training layout (channels_last): a reader may .view() the weights
+    state = {k: {n: t.contiguous() for n, t in to_libreyolo(family, v).items()}
+             if k in STATE_KEYS and isinstance(v, dict) else v for k, v in state.items()}
     path = Path(path)
     refuse_nonfinite(state, path, "not written")
     fence.check(f"checkpoint {path.name}")  # an attempt given up writes nothing

@@ -374,6 +374,7 @@ class Trainer:
             self.bn_guard.snapshot()
         with self.phase("to_device"):
             imgs = self.family.preprocess(batch.images.to(self.device, non_blocking=True))
+            imgs = imgs.contiguous(memory_format=parts.memory_format)  # the network's layout
             targets = batch.targets.to(self.device, non_blocking=True)
         loss, items = self._forward(imgs, targets)
         if not self._backward(loss, imgs.shape[0]):  # a compiled backward failed: again, eager

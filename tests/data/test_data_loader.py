@@ -155,7 +155,7 @@ def test_whole_batch_path_equals_samples_collated(report, augment: bool) -> None
     idx = [4, 0, 11, 4, 7]
     whole = ds.__getitems__(idx)
     single = collate([ds[i] for i in idx])
-    assert whole.images.shape == (5, 3, S, S) and whole.images.is_contiguous()
+    assert whole.images.shape == (5, 3, S, S) and whole.images.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(whole.images, single.images)
     assert torch.equal(whole.targets, single.targets)
     assert whole.metas == single.metas
