@@ -58,11 +58,12 @@ def channels_last_wanted(setting: bool | None, device: torch.device) -> tuple[bo
 def apply_memory_format(model: nn.Module, setting: bool | None, device: torch.device, *,
                         announce: bool = True) -> bool:
     """Put ``model``'s 4-D parameters and buffers in channels-last when
-    :func:`channels_last_wanted` says so; one log line when ``announce``. Returns whether it
-    did. The model is changed in place (``nn.Module.to(memory_format=...)``)."""
+    :func:`channels_last_wanted` says so, else in NCHW (a model that trained channels-last
+    before and now trains with it off goes back); one log line when ``announce``. Returns
+    whether it is channels-last. The model is changed in place
+    (``nn.Module.to(memory_format=...)``)."""
     on, why = channels_last_wanted(setting, device)
-    if on:
-        model.to(memory_format=torch.channels_last)
+    model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
     if announce:
         (log.warning if "ignored" in why else log.info)(why)
     return on

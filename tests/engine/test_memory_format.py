@@ -45,6 +45,8 @@ def test_apply_memory_format_changes_the_layout_not_the_outputs(caplog):
     with torch.no_grad():
         after = net(x)[0]
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-3)  # another summation order
+    assert not apply_memory_format(net, False, torch.device("cpu"))  # and back
+    assert net.backbone.stem[0].conv.weight.is_contiguous()
 
 
 def test_a_channels_last_run_trains_like_nchw_and_saves_nchw(sample_yaml, tmp_path):
