@@ -12,8 +12,11 @@ Prints ONE line, e.g.::
 
     channels_last cpu threads=2 torch 2.14.1: yolo9-t@320 b16 959 -> 797 ms (1.20x) | ...
 
+On CUDA, ``--amp`` runs the forward under float16 autocast (the training default there);
+``make gpu-check`` runs it as its ``channels_last`` check.
+
 Usage: ``python bench/channels_last.py [--models yolo9-t@320,yolox-n@416] [--batch 8]
-[--steps 6] [--warmup 2] [--threads 2] [--device cpu]``
+[--steps 6] [--warmup 2] [--threads 2] [--device cpu] [--amp]``
 """
 
 from __future__ import annotations
@@ -36,8 +39,12 @@ def _flat(out) -> list:
     return []
 
 
-def measure(name: str, imgsz: int, batch: int, steps: int, warmup: int, device) -> tuple[float, float]:
-    """Median seconds of one forward + backward, ``(NCHW, channels-last)``."""
+def measure(name: str, imgsz: int, batch: int, steps: int, warmup: int, device,
+            amp: bool = False) -> tuple[float, float]:
+    """Median seconds of one forward + backward, ``(NCHW, channels-last)``; ``amp``: the
+    forward under float16 autocast (CUDA)."""
+    import contextlib
+
     import torch
 
     from libreyolo_core.models.registry import parse_model_name
@@ -52,7 +59,9 @@ def measure(name: str, imgsz: int, batch: int, steps: int, warmup: int, device) 
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        sum(o.float().sum() for o in _flat(model(x))).backward()
+        with torch.autocast("cuda", torch.float16) if amp else contextlib.nullcontext():
+            out = model(x)
+        sum(o.float().sum() for o in _flat(out)).backward()
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -76,20 +85,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per layout")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (CPU)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--amp", action="store_true", help="float16 autocast (CUDA only)")
     a = p.parse_args(argv)
     if a.batch < 1 or a.steps < 1 or a.warmup < 0:
         p.error("needs --batch >= 1, --steps >= 1, --warmup >= 0")
     import torch
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
+    if a.amp and not a.device.startswith("cuda"):
+        p.error("--amp needs --device cuda")
 
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     parts = []
     for spec in a.models.split(","):
         name, _, imgsz = spec.partition("@")
-        t_nchw, t_nhwc = measure(name, int(imgsz or 640), a.batch, a.steps, a.warmup, device)
+        t_nchw, t_nhwc = measure(name, int(imgsz or 640), a.batch, a.steps, a.warmup, device, a.amp)
         parts.append(f"{name}@{imgsz or 640} b{a.batch} {1e3 * t_nchw:.0f} -> {1e3 * t_nhwc:.0f} ms "
                      f"({t_nchw / t_nhwc:.2f}x)")
-    print(f"channels_last {device.type} threads={a.threads} torch {torch.__version__}: "
+    what = f"{device.type}{' amp' if a.amp else ''} threads={a.threads}"
+    print(f"channels_last {what} torch {torch.__version__}: "
           + " | ".join(parts), flush=True)
     return 0
 

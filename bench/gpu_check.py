@@ -30,8 +30,11 @@ on one GPU, and checks that would start past :data:`BUDGET_S` are reported as no
 9. ``compile_yolo9-t`` — ``bench/compile_step.py`` at batch 8 with AMP: the median step of
    eager, ``compile=True`` (Inductor, mode ``default``) and ``cuda_graph=True`` in one run,
    and the compile seconds. Passes when the compiled mode trains without falling back to
-   eager; the speed-ups are recorded (no goal). Last: its compile takes a minute or more
+   eager; the speed-ups are recorded (no goal). Its compile takes a minute or more
    (``--only compile_yolo9-t`` runs it alone).
+10. ``channels_last`` — ``bench/channels_last.py --device cuda --amp``: forward + backward of
+    yolo9-t and yolox-t at 640, batch 16, in NCHW and in channels-last (the CUDA default);
+    passes when the bench prints its line (the ratios are recorded, no goal).
 
 Writes one JSON report (``--out``, default ``runs/gpu_check/gpu_check.json``: the machine,
 torch, every check with ``ok``, ``seconds`` and its figures) and prints one summary line.
@@ -281,6 +284,23 @@ def check_tensorrt(work: Path) -> dict[str, Any]:
     return res
 
 
+def check_channels_last() -> dict[str, Any]:
+    """``bench/channels_last.py --device cuda --amp`` on yolo9-t and yolox-t at 640, batch
+    16: median forward + backward ms in NCHW and channels-last, and the ratios."""
+    cmd = [sys.executable, "bench/channels_last.py", "--device", "cuda", "--amp", "--batch", "16",
+           "--models", "yolo9-t@640,yolox-t@640", "--steps", "10", "--warmup", "3"]
+    rc, out, err = _run(cmd, timeout=180)
+    lines = [ln for ln in out.splitlines() if ln.startswith("channels_last ")]
+    res: dict[str, Any] = {"ok": rc == 0 and len(lines) == 1, "exit_code": rc,
+                           "line": lines[-1] if lines else None}
+    if lines:
+        res["ratios"] = {m[1]: float(m[2]) for m in
+                         re.finditer(r"(\S+)@\d+ b\d+ [\d.]+ -> [\d.]+ ms \(([\d.]+)x\)", lines[-1])}
+    if not res["ok"]:
+        res["detail"] = _tail(err)
+    return res
+
+
 def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """The checks in run order: ``(name, fn)``."""
     return [
@@ -295,6 +315,7 @@ def checks(work: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
         ("profile_loader_cpu", lambda: check_profile(work, "loader_cpu")),
         ("profile_loader_gpu", lambda: check_profile(work, "loader_gpu")),
         ("compile_yolo9-t", lambda: check_compile(work, "yolo9-t")),
+        ("channels_last", check_channels_last),
     ]
 
 
