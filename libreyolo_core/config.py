@@ -230,7 +230,7 @@ class TrainConfig(BaseModel):
     channels_last: bool | None = Field(
         None, description="train the network in channels-last (NHWC) memory: None = auto (on "
         "for CUDA and x86 CPUs with oneDNN, where convolutions run faster on it; off elsewhere); "
-        "checkpoints are written in NCHW either way")
+        "a checkpoint's weights are written in NCHW either way")
     sync_bn: bool = Field(False, description="SyncBatchNorm under DDP")
     # -- profiler --------------------------------------------------------------------
     profile: bool = Field(False, description="profile a window of steps, then keep training")

@@ -8,8 +8,9 @@ yolo9-s and yolox-s at 320, 21 % for yolox-n at 416. Ultralytics turns it on for
 training and for CPU inference.
 
 Only the layout changes, not the arithmetic's definition: outputs differ from NCHW's in
-float rounding (another summation order inside oneDNN's kernels). Checkpoints are written
-in NCHW whatever the training layout (:func:`~libreyolo_core.engine.checkpoint.save_checkpoint`).
+float rounding (another summation order inside oneDNN's kernels). A checkpoint's weights
+are written in NCHW whatever the training layout
+(:func:`~libreyolo_core.engine.checkpoint.save_checkpoint`); the optimizer state keeps it.
 """
 
 from __future__ import annotations

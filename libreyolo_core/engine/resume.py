@@ -39,9 +39,11 @@ __all__ = ["Resume", "resume_path", "open_resume", "load_resume", "latest_last_c
 
 #: The keys a resumed run takes from the call rather than the checkpoint, when given:
 #: where to find things (a resume on another host has its own cache folder), how long to
-#: train, and how images are held in memory (the caches change no sample: a run killed
-#: for memory resumes with less).
-CALL_KEYS = ("data", "device", "workers", "epochs", "cache", "cache_recent_mb", "cache_dir")
+#: train, how images are held in memory (the caches change no sample: a run killed
+#: for memory resumes with less) and the network's memory layout (it goes with the device,
+#: and changes no sample, only float rounding).
+CALL_KEYS = ("data", "device", "workers", "epochs", "cache", "cache_recent_mb", "cache_dir",
+             "channels_last")
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +170,7 @@ def load_resume(path: str | Path) -> Resume:
 def warn_ignored(ignored: list[str], resume: Resume) -> None:
     """One warning naming the keys of the call a resume did not take
     (:meth:`Resume.ignored`), with what can change and how to change the rest."""
-    log.warning("resume continues the run as it was saved, so the checkpoint's %s stand (a "
+    log.warning("resume continues the run as it was saved, so it keeps the checkpoint's %s (a "
                 "resume takes only %s from the call; to change the others start a new run, "
                 "or fine-tune with model=%s)", ", ".join(ignored), ", ".join(CALL_KEYS),
                 resume.path)

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from libreyolo_core.engine import progress as reports
 from libreyolo_core.engine.eta import Eta, validations_left
 from libreyolo_core.engine.eta import eta as estimate_eta
@@ -43,7 +45,8 @@ class ProgressHook(HookBase):
             start_epoch=t.state.start_epoch + 1, device=str(t.device), amp=t.parts.amp.name,
             world_size=t.dist.world_size, batch=t.parts.batch))
         ddp = f" x {t.dist.world_size} ranks ({t.dist.backend})" if t.dist.enabled else ""
-        print(f"{t.family.title}-{t.size} nc={t.nc} on {t.device}{ddp} ({t.parts.amp.name}), "
+        layout = ", channels-last" if t.parts.memory_format is torch.channels_last else ""
+        print(f"{t.family.title}-{t.size} nc={t.nc} on {t.device}{ddp} ({t.parts.amp.name}{layout}), "
               f"imgsz={t.cfg.imgsz} batch={t.parts.batch} accumulate={t.parts.accumulate}, "
               f"{len(t.parts.train_set)} train images -> {t.run_dir}", flush=True)
         if t.preflight is not None:
