@@ -205,7 +205,9 @@ class TrainConfig(BaseModel):
     mosaic_partners: Literal["dataset", "batch"] = _augment("mosaic_partners")
     mixup_scale: tuple[float, float] = Field((0.5, 1.5), description="mixup image scale range")
     no_aug_epochs: int = Field(15, ge=0, le=100_000, description="last N epochs without mosaic/mixup")
-    multi_scale: bool = Field(False, description="random imgsz in [0.5, 1.5]x per batch")
+    multi_scale: bool = Field(False, description="each training batch resized on the device to a "
+                              "random multiple of the stride in [0.5, 1.5] x imgsz (Ultralytics' "
+                              "rule; boxes scaled with it); validation stays at imgsz")
     cache: Literal[False, "ram", "disk"] = Field(False, description="image cache: False, ram, disk")
     cache_recent_mb: int = Field(
         256, ge=0, le=1_048_576, description="MiB of recently decoded images each loader process "

@@ -51,6 +51,7 @@ from libreyolo_core.engine.hooks import (
     NonFiniteGuard,
 )
 from libreyolo_core.engine.hooks.policy import default_hooks
+from libreyolo_core.engine.multi_scale import multi_scale_size, rescale_batch
 from libreyolo_core.engine.nonfinite import BatchNormGuard
 from libreyolo_core.engine.resume import Resume
 from libreyolo_core.engine.run import Run, prepare_run
@@ -374,8 +375,11 @@ class Trainer:
             self.bn_guard.snapshot()
         with self.phase("to_device"):
             imgs = self.family.preprocess(batch.images.to(self.device, non_blocking=True))
-            imgs = imgs.contiguous(memory_format=parts.memory_format)  # the network's layout
             targets = batch.targets.to(self.device, non_blocking=True)
+            if self.cfg.multi_scale:
+                size = multi_scale_size(self.cfg.imgsz, self.family.stride, self.cfg.seed, self.state.epoch, i)
+                imgs, targets = rescale_batch(imgs, targets, size)
+            imgs = imgs.contiguous(memory_format=parts.memory_format)  # the network's layout
         loss, items = self._forward(imgs, targets)
         if not self._backward(loss, imgs.shape[0]):  # a compiled backward failed: again, eager
             del loss, items
