@@ -72,14 +72,18 @@ class CacheEstimate:
 
     def describe(self) -> str:
         """One line: what the cache needs and what is available."""
-        gib = 2**30
-        total = self.need * max(self.copies, 1)
         where = "memory" if self.mode == "ram" else "disk space"
-        copies = f" x {self.copies} ranks" if self.copies > 1 else ""
+        need = _size(self.need)
+        if self.copies > 1:
+            need += f" x {self.copies} ranks = {_size(self.need * self.copies)}"
         have = ("unknown" if self.available is None
-                else f"{self.available / gib:.2f} GiB {where} available, {self.share:.0%} usable")
-        return (f"cache={self.mode}: {self.images} images at imgsz {self.imgsz} need "
-                f"{self.need / gib:.2f} GiB{copies} = {total / gib:.2f} GiB; {have}")
+                else f"{_size(self.available)} {where} available, {self.share:.0%} usable")
+        return f"cache={self.mode}: {self.images} images at imgsz {self.imgsz} need {need}; {have}"
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` in GiB (2 decimals) from 1 GiB on, else in MiB (1 decimal)."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def estimate_cache(mode: str, shapes: Sequence[tuple[int, int]], imgsz: int, copies: int = 1,

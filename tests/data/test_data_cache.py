@@ -39,7 +39,7 @@ def test_ram_estimate_is_said_before_filling(report, caplog) -> None:
     est = next(i for i, m in enumerate(msgs) if m.startswith("cache=ram:"))
     filled = next(i for i, m in enumerate(msgs) if m.startswith("cached "))
     assert est < filled
-    assert f"{len(ds)} images at imgsz {S} need {need / 2**30:.2f} GiB" in msgs[est]
+    assert f"{len(ds)} images at imgsz {S} need {need / 2**20:.1f} MiB;" in msgs[est]
     assert "memory available" in msgs[est]
     assert ds.cache == "ram" and ds._ram is not None and ds._ram.nbytes == need
     # each image decoded once into the block, read-only views out of it
