@@ -46,7 +46,7 @@ def channels_last_wanted(setting: bool | None, device: torch.device) -> tuple[bo
             return False, f"channels_last=True ignored on {device.type} (CUDA and CPU only)"
         return False, f"channels_last: off on {device.type}"
     if setting is not None:
-        return bool(setting), f"channels_last={bool(setting)} (set)"
+        return setting, f"channels_last={setting} (set)"
     if device.type == "cuda":
         return True, "channels_last: on (auto: CUDA; channels_last=False turns it off)"
     x86 = platform.machine() in _X86 and torch.backends.mkldnn.is_available()
@@ -66,5 +66,6 @@ def apply_memory_format(model: nn.Module, setting: bool | None, device: torch.de
     on, why = channels_last_wanted(setting, device)
     model.to(memory_format=torch.channels_last if on else torch.contiguous_format)
     if announce:
-        (log.warning if "ignored" in why else log.info)(why)
+        refused = setting is True and not on  # asked for on a device that cannot
+        (log.warning if refused else log.info)(why)
     return on

@@ -47,6 +47,10 @@ def test_apply_memory_format_changes_the_layout_not_the_outputs(caplog):
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-3)  # another summation order
     assert not apply_memory_format(net, False, torch.device("cpu"))  # and back
     assert net.backbone.stem[0].conv.weight.is_contiguous()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="libreyolo_core.engine.memory_format"):
+        assert not apply_memory_format(net, True, torch.device("mps"))  # refused, with a warning
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "ignored on mps" in caplog.text
 
 
 def test_a_channels_last_run_trains_like_nchw_and_saves_nchw(sample_yaml, tmp_path):

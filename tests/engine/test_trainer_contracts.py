@@ -223,9 +223,11 @@ def test_resume_config_run_dir_and_lean_refusal(tmp_path):
     # the caches change no sample: a resume takes them (a run killed for memory resumes
     # with less); the keys it does not take are named, with the checkpoint's values
     given = resolve_config({"model": "yolo9-t", "data": "new.yaml", "lr0": 0.5, "val": False,
-                            "cache_recent_mb": 0, "cache": "disk", "project": "elsewhere"})
+                            "cache_recent_mb": 0, "cache": "disk", "project": "elsewhere",
+                            "channels_last": False})
     cfg = Resume(path, ckpt).config(given)
     assert (cfg.cache_recent_mb, cfg.cache, cfg.lr0, cfg.val) == (0, "disk", 0.02, True)
+    assert cfg.channels_last is False  # the layout goes with the device, taken like it
     assert Resume(path, ckpt).ignored(given) == ["lr0=0.02", "val=True"]
     same = resolve_config({"model": "yolo9-t", "lr0": 0.02, "epochs": 5})
     assert Resume(path, ckpt).ignored(same) == []
