@@ -14,6 +14,7 @@ re-implemented with cv2 for speed.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import cv2
@@ -237,20 +238,45 @@ def warp_mosaic(
     out_size: int,
     perspective: float = 0.0,
     pad_value: int = PAD_VALUE,
+    *,
+    out: np.ndarray | None = None,
+    scratch: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`mosaic4` then the warp of :func:`random_affine` with matrix ``m``, building only
     the ``crop`` of the canvas (from :func:`mosaic_crop`) that the warp reads.
 
-    Pixel for pixel the same as warping the whole canvas: the crop holds every canvas pixel
-    an output pixel samples, and the matrix is moved to the crop's origin. ``images[k]``
-    may be ``None`` for a tile :func:`mosaic_crop` did not flag as needed.
+    The same pixels as warping the whole canvas: the crop holds every canvas pixel an output
+    pixel samples, and the matrix is moved to the crop's origin (with a rotation, a few
+    pixels can differ by 1: cv2 rounds its coordinates to 1/32 px, and the moved origin
+    rounds differently; without one they are identical). ``images[k]``
+    may be ``None`` for a tile :func:`mosaic_crop` did not flag as needed. Only the part of
+    the crop no tile covers is painted ``pad_value``.
+
+    Args:
+        out: a C-contiguous ``(out_size, out_size, 3)`` uint8 array the warp writes into
+            (a batch slot); a new array when ``None``.
+        scratch: a 1-D uint8 array the canvas is built in when it holds ``ch * cw * 3``
+            bytes, reused from sample to sample (a fresh canvas of several MiB is
+            page-faulted in on every sample); a new array when ``None`` or too small.
 
     Returns:
-        ``(out_size, out_size, 3)`` uint8.
+        ``(out_size, out_size, 3)`` uint8: ``out`` when given.
+
+    Raises:
+        ValueError: a tile inside the crop is ``None``; ``out`` of another shape or dtype.
     """
+    if out is not None and (out.shape != (out_size, out_size, 3) or out.dtype != np.uint8
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"warp_mosaic: out must be a contiguous uint8 ({out_size}, {out_size}, 3) "
+                         f"array, got {out.dtype} {out.shape}")
     x0, y0, x1, y1 = crop
     cw, ch = max(x1 - x0, 1), max(y1 - y0, 1)
-    canvas = np.full((ch, cw, 3), pad_value, dtype=np.uint8)
+    n = ch * cw * 3
+    if scratch is not None and scratch.size >= n:
+        canvas = scratch[:n].reshape(ch, cw, 3)
+    else:
+        canvas = np.empty((ch, cw, 3), dtype=np.uint8)
+    covered = []
     for img, (x1a, y1a, x2a, y2a, x1b, y1b) in zip(images, rects, strict=True):
         ax1, ay1, ax2, ay2 = max(x1a, x0), max(y1a, y0), min(x2a, x1), min(y2a, y1)
         if ax2 <= ax1 or ay2 <= ay1:
@@ -259,9 +285,27 @@ def warp_mosaic(
             raise ValueError("warp_mosaic: a tile inside the crop was not given")
         bx, by = x1b + ax1 - x1a, y1b + ay1 - y1a
         canvas[ay1 - y0 : ay2 - y0, ax1 - x0 : ax2 - x0] = img[by : by + ay2 - ay1, bx : bx + ax2 - ax1]
+        covered.append((ax1 - x0, ay1 - y0, ax2 - x0, ay2 - y0))
+    _paint_uncovered(canvas, covered, pad_value)
     shift = np.eye(3)
     shift[0, 2], shift[1, 2] = x0, y0
-    return _warp(canvas, m @ shift, out_size, perspective, pad_value)
+    return _warp(canvas, m @ shift, out_size, perspective, pad_value, dst=out)
+
+
+def _paint_uncovered(canvas: np.ndarray, covered: list[tuple[int, int, int, int]], value: int) -> None:
+    """Paint ``value`` where none of the ``covered`` rectangles ``(x1, y1, x2, y2)`` (canvas
+    pixels, end exclusive) lies: band by band between their top and bottom edges, the gaps
+    between the rectangles spanning the band."""
+    h, w = canvas.shape[:2]
+    ys = sorted({0, h, *(y for r in covered for y in (r[1], r[3]))})
+    for ya, yb in itertools.pairwise(ys):
+        x = 0
+        for x1, _, x2, _ in sorted(r for r in covered if r[1] <= ya and r[3] >= yb):
+            if x1 > x:
+                canvas[ya:yb, x:x1] = value
+            x = max(x, x2)
+        if x < w:
+            canvas[ya:yb, x:w] = value
 
 
 def box_candidates(
@@ -371,11 +415,14 @@ def flip_matrix(out_size: int, lr: bool, ud: bool) -> np.ndarray:
     return f
 
 
-def _warp(img: np.ndarray, m: np.ndarray, out_size: int, perspective: float, pad_value: int) -> np.ndarray:
+def _warp(img: np.ndarray, m: np.ndarray, out_size: int, perspective: float, pad_value: int,
+          dst: np.ndarray | None = None) -> np.ndarray:
     border = (pad_value, pad_value, pad_value)
     if perspective:
-        return cv2.warpPerspective(img, m, dsize=(out_size, out_size), borderValue=border)
-    return cv2.warpAffine(img, m[:2], dsize=(out_size, out_size), borderValue=border)
+        out = cv2.warpPerspective(img, m, dsize=(out_size, out_size), dst=dst, borderValue=border)
+    else:
+        out = cv2.warpAffine(img, m[:2], dsize=(out_size, out_size), dst=dst, borderValue=border)
+    return out if dst is None else dst
 
 
 def warp_boxes(
@@ -441,9 +488,10 @@ def hsv_deltas(
     return dh, ds, dv
 
 
-def apply_hsv(img: np.ndarray, dh: int, ds: int, dv: int) -> np.ndarray:
+def apply_hsv(img: np.ndarray, dh: int, ds: int, dv: int, inplace: bool = False) -> np.ndarray:
     """Shift hue (mod 180), saturation and value (clipped to 0..255) of an RGB uint8 image
-    through OpenCV's HSV with lookup tables; ``img`` itself when all shifts are 0."""
+    through OpenCV's HSV with lookup tables; ``img`` itself when all shifts are 0, and,
+    with ``inplace``, always ``img``, overwritten (no new image)."""
     if dh == 0 and ds == 0 and dv == 0:
         return img
     x = np.arange(256, dtype=np.int16)
@@ -451,9 +499,14 @@ def apply_hsv(img: np.ndarray, dh: int, ds: int, dv: int) -> np.ndarray:
     lut[:, 0, 0] = (x + dh) % 180
     lut[:, 0, 1] = np.clip(x + ds, 0, 255)
     lut[:, 0, 2] = np.clip(x + dv, 0, 255)
-    hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
+    if inplace:
+        hsv = img
+        cv2.cvtColor(img, cv2.COLOR_RGB2HSV, dst=hsv)
+    else:
+        hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
     cv2.LUT(hsv, lut, dst=hsv)
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
+    return hsv
 
 
 def fliplr(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -492,6 +545,10 @@ def mixup(
     return blend(img1, img2, r), np.concatenate([labels1, labels2], 0).astype(np.float32)
 
 
-def blend(img1: np.ndarray, img2: np.ndarray, r: float) -> np.ndarray:
-    """``r * img1 + (1 - r) * img2`` as uint8 (the pixels of :func:`mixup`)."""
-    return cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0)
+def blend(img1: np.ndarray, img2: np.ndarray, r: float, inplace: bool = False) -> np.ndarray:
+    """``r * img1 + (1 - r) * img2`` as uint8 (the pixels of :func:`mixup`); written over
+    ``img1`` (and returned) with ``inplace``."""
+    if not inplace:
+        return cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0)
+    cv2.addWeighted(img1, r, img2, 1.0 - r, 0.0, dst=img1)
+    return img1

@@ -216,6 +216,7 @@ class YOLODataset(Dataset):
         buffer = min(int(getattr(self.aug, "mosaic_buffer", 0)), len(self.records))
         self._buffer = MosaicBuffer(buffer) if self.augment and buffer > 0 else None
         self._partners: BatchPartners | None = None  # set while __getitems__ builds a batch
+        self._canvas: np.ndarray | None = None  # mosaic canvas scratch, per process (not pickled)
         if self.cache == "ram":
             self._fill_ram_cache()
         budget = int(cache_recent_mb * 2**20)
@@ -426,18 +427,23 @@ class YOLODataset(Dataset):
                                    scale=h.scale, shear=h.shear, perspective=h.perspective)
         return _MosaicPlan(idx, centre, m, scale)
 
-    def _render_mosaic(self, plan: _MosaicPlan, flip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _render_mosaic(self, plan: _MosaicPlan, flip: np.ndarray,
+                       out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Pixels and boxes of a planned mosaic, mirrored by ``flip`` in the same warp.
 
         Only the part of the canvas the warp reads is built, and only the tiles that part
         shows are decoded (:func:`~libreyolo_core.data.augment.mosaic_crop`): the result is
-        what the full canvas + warp + flips give, pixel for pixel."""
+        what the full canvas + warp + flips give (see ``warp_mosaic`` on rotations). The
+        warp writes into ``out`` (a batch slot) when given; the canvas is built in this
+        process's scratch."""
         s, persp = self.imgsz, self.aug.perspective
         rects = A.mosaic_rects([self._target_hw(j) for j in plan.idx], s, plan.centre)
         m = flip @ plan.m
         crop, needed = A.mosaic_crop(rects, m, s, s, persp)
         tiles = [self._tile(j) if need else None for j, need in zip(plan.idx, needed, strict=True)]
-        img = A.warp_mosaic(tiles, rects, crop, m, s, persp)
+        if self._canvas is None:
+            self._canvas = np.empty(4 * s * s * 3, np.uint8)
+        img = A.warp_mosaic(tiles, rects, crop, m, s, persp, out=out, scratch=self._canvas)
         labels = A.mosaic_labels([self.load_labels(j) for j in plan.idx], rects)
         return img, A.warp_boxes(labels, m, plan.scale, s, persp)
 
@@ -454,7 +460,10 @@ class YOLODataset(Dataset):
             return self._partners.draw(rng, 1)[0]
         return int(rng.integers(0, len(self)))
 
-    def _augmented(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _augmented(self, i: int, rng: np.random.Generator,
+                   out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Sample ``i`` augmented: image, labels, whether it is a mosaic. A mosaic is rendered
+        into ``out`` (then returned as the image) when given; other samples are not."""
         h = self.aug
         mosaic_on = self.mosaic_enabled
         use_mosaic = mosaic_on and h.mosaic > 0 and rng.random() < h.mosaic
@@ -483,19 +492,21 @@ class YOLODataset(Dataset):
             ud = h.flipud > 0 and rng.random() < h.flipud
             lr = h.fliplr > 0 and rng.random() < h.fliplr
             flip = A.flip_matrix(self.imgsz, lr, ud)
-            img, lab = self._render_mosaic(plan, flip)
+            # img is a new array or out: either way this sample's own, changed in place
+            img, lab = self._render_mosaic(plan, flip, out)
             if plan2 is not None:
                 img2, lab2 = self._render_mosaic(plan2, flip)
-                img = A.blend(img, img2, ratio)
+                img = A.blend(img, img2, ratio, inplace=True)
                 lab = np.concatenate([lab, lab2], 0).astype(np.float32)
             if hsv is not None:
-                img = A.apply_hsv(img, *hsv)
+                img = A.apply_hsv(img, *hsv, inplace=True)
         keep = (lab[:, 3] - lab[:, 1] > MIN_BOX_SIDE) & (lab[:, 4] - lab[:, 2] > MIN_BOX_SIDE)
         return img, lab[keep], use_mosaic
 
-    def _sample(self, index: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    def _sample(self, index: int, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         """Sample ``index`` before it becomes tensors: ``(H, W, 3)`` uint8 RGB, ``(n, 5)``
-        labels, meta."""
+        labels, meta. A mosaic is written into ``out`` (``(S, S, 3)`` uint8) when given, and
+        ``out`` returned as the image; otherwise the image is a new array."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} images")
         index = index % len(self)
@@ -511,7 +522,7 @@ class YOLODataset(Dataset):
         }
         if self.augment:
             rng = np.random.default_rng([self.seed, self.rank, self.epoch, index])
-            img, lab, meta["mosaic"] = self._augmented(index, rng)
+            img, lab, meta["mosaic"] = self._augmented(index, rng, out)
         else:
             img, lab = self._letterboxed(index)
         return img, np.ascontiguousarray(lab, dtype=np.float32).reshape(-1, 5), meta
@@ -536,7 +547,8 @@ class YOLODataset(Dataset):
         """A whole batch (``DataLoader`` calls this instead of ``__getitem__`` per index):
         the same samples, in the same order, but each image is written straight into its
         slot of one ``uint8 (B, 3, S, S)`` tensor in channels-last memory (strides of
-        ``(B, S, S, 3)``: each sample's pixels are one copy, no transpose), so no per-sample
+        ``(B, S, S, 3)``: a mosaic's warp writes its slot directly, then mixup and HSV
+        change it in place; other samples are one copy, no transpose), so no per-sample
         image tensor is made and the collate does not copy them again with ``torch.stack``;
         a channels-last network (``channels_last``) reads it without a reorder. In a loader worker
         the batch tensor is allocated in shared memory, as ``default_collate`` does, so
@@ -558,13 +570,21 @@ class YOLODataset(Dataset):
             for k, index in enumerate(indices):
                 if self._partners is not None:
                     self._partners.pos = k
-                img, lab, meta = self._sample(index)
-                _to_hwc(img, hwc[k].numpy())
+                slot = hwc[k].numpy()
+                img, lab, meta = self._sample(index, slot)
+                if img is not slot:
+                    _to_hwc(img, slot)
                 labels.append(torch.from_numpy(lab))
                 metas.append(meta)
         finally:
             self._partners = None
         return Batch(hwc.permute(0, 3, 1, 2), batch_targets(labels), metas)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (spawned loader workers, DDP ranks) without the per-process canvas scratch."""
+        state = self.__dict__.copy()
+        state["_canvas"] = None
+        return state
 
     def __repr__(self) -> str:
         return (

@@ -210,3 +210,76 @@ def test_mixup_keeps_both_label_sets() -> None:
     assert 0.3 < r < 0.7
     with pytest.raises(ValueError, match="equal shapes"):
         A.mixup(a, la, b[:16], lb, np.random.default_rng(0))
+
+
+@FAST
+@given(size=st.sampled_from([32, 48, 64]), seed=st.integers(0, 10_000), degrees=st.sampled_from([0.0, 10.0]),
+       persp=st.sampled_from([0.0, 0.0005]))
+def test_warp_mosaic_into_a_slot_equals_the_whole_canvas(size, seed, degrees, persp) -> None:
+    """``warp_mosaic`` with ``out`` (a batch slot) and a dirty, reused ``scratch`` gives the
+    pixels of the whole 2S canvas (:func:`mosaic4`) warped: the uncovered part of the crop is
+    painted, the rest comes from the tiles."""
+    rng = np.random.default_rng(seed)
+    shapes = [(int(rng.integers(8, size + 1)), int(rng.integers(8, size + 1))) for _ in range(4)]
+    tiles = [rng.integers(0, 256, (*hw, 3), dtype=np.uint8) for hw in shapes]
+    centre = A.mosaic_centre(rng, size)
+    m, _ = A.affine_matrix(rng, 2 * size, 2 * size, size, degrees=degrees, translate=0.1,
+                           scale=(0.5, 1.5), shear=0.0, perspective=persp)
+    rects = A.mosaic_rects(shapes, size, centre)
+    canvas = np.full((2 * size, 2 * size, 3), A.PAD_VALUE, np.uint8)
+    for img, (x1a, y1a, x2a, y2a, x1b, y1b) in zip(tiles, rects, strict=True):
+        canvas[y1a:y2a, x1a:x2a] = img[y1b : y1b + y2a - y1a, x1b : x1b + x2a - x1a]
+    want = A._warp(canvas, m, size, persp, A.PAD_VALUE)
+    crop, needed = A.mosaic_crop(rects, m, size, size, persp)
+    given_tiles = [t if n else None for t, n in zip(tiles, needed, strict=True)]
+    scratch = rng.integers(0, 256, 4 * size * size * 3, dtype=np.uint8)  # garbage from "the last sample"
+    slot = np.zeros((size, size, 3), np.uint8)
+    got = A.warp_mosaic(given_tiles, rects, crop, m, size, persp, out=slot, scratch=scratch)
+    assert got is slot
+    fallback = A.warp_mosaic(given_tiles, rects, crop, m, size, persp, scratch=np.zeros(3, np.uint8))
+    np.testing.assert_array_equal(fallback, slot)  # too small a scratch: a new canvas, same pixels
+    diff = np.abs(slot.astype(np.int16) - want)
+    if degrees == 0.0:
+        np.testing.assert_array_equal(slot, want)
+    else:  # cv2's 1/32-px fixed-point coordinates round differently from the crop's origin
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_warp_mosaic_refuses_a_slot_of_another_shape() -> None:
+    tiles = [np.zeros((8, 8, 3), np.uint8)] * 4
+    rects = A.mosaic_rects([(8, 8)] * 4, 16, (16, 16))
+    with pytest.raises(ValueError, match=r"contiguous uint8 \(16, 16, 3\)"):
+        A.warp_mosaic(tiles, rects, (0, 0, 32, 32), np.eye(3), 16, out=np.zeros((16, 16, 4), np.uint8))
+    with pytest.raises(ValueError, match="contiguous"):
+        A.warp_mosaic(tiles, rects, (0, 0, 32, 32), np.eye(3), 16, out=np.zeros((16, 32, 3), np.uint8)[:, ::2])
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), n=st.integers(0, 5))
+def test_paint_uncovered_paints_exactly_the_rest(seed, n) -> None:
+    """Every pixel outside the rectangles (overlapping or not, touching the edges or not) is
+    painted, and none inside them."""
+    rng = np.random.default_rng(seed)
+    h, w = int(rng.integers(1, 30)), int(rng.integers(1, 30))
+    rects = []
+    for _ in range(n):
+        x1, y1 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        rects.append((x1, y1, int(rng.integers(x1 + 1, w + 1)), int(rng.integers(y1 + 1, h + 1))))
+    canvas = np.zeros((h, w, 3), np.uint8)
+    A._paint_uncovered(canvas, rects, 7)
+    inside = np.zeros((h, w), bool)
+    for x1, y1, x2, y2 in rects:
+        inside[y1:y2, x1:x2] = True
+    assert (canvas[inside] == 0).all() and (canvas[~inside] == 7).all()
+
+
+def test_hsv_and_blend_in_place_equal_the_copies() -> None:
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(0, 256, (33, 47, 3), dtype=np.uint8) for _ in range(2))
+    for d in [(0, 0, 0), (7, -20, 0), (-5, 30, -30)]:
+        want, img = A.apply_hsv(a, *d), a.copy()
+        assert A.apply_hsv(img, *d, inplace=True) is img
+        np.testing.assert_array_equal(img, want)
+    want, img = A.blend(a, b, 0.3), a.copy()
+    assert A.blend(img, b, 0.3, inplace=True) is img
+    np.testing.assert_array_equal(img, want)
