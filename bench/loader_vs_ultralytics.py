@@ -36,6 +36,11 @@ docs/performance.md states; it is off by default. "ours+batch" is ours with
 ``mosaic_partners=batch`` (partners from the same batch: about one decode per sample,
 samples still a pure function of seed, epoch and batch); also off by default.
 
+"decode floor" is every file of the set decoded once at 1/8 scale (``IMREAD_REDUCED_COLOR_8``,
+one thread, best of 3 passes): the entropy decoding that every decode of the file does, at
+any output size. A loader that decodes one image per sample on this core cannot pass
+``(1000 / floor) / ultralytics`` x Ultralytics' rate, even doing nothing else ("at most").
+
 Ultralytics is never installed in the product: give a virtual environment that has
 ``ultralytics`` (8.4.190 measured) with ``--ultralytics-venv DIR`` or
 ``$ULTRALYTICS_VENV``; without one the comparison is skipped and only our figures print.
@@ -114,6 +119,24 @@ OURS = textwrap.dedent("""
     print(json.dumps({"img_s": n / (time.perf_counter() - t0)}))
 """)
 
+# The JPEG decoding floor: every file of a set decoded at 1/8 scale (libjpeg-turbo's DCT
+# scaling), where the inverse DCT and colour conversion are almost free and what is left is
+# the entropy (Huffman) decoding that any decode of the file must do, at any output size.
+FLOOR = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    import cv2, numpy as np
+    cv2.setNumThreads(1)
+    bufs = [np.fromfile(f, np.uint8) for f in sorted(Path(sys.argv[1]).glob("*.jpg"))]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for b in bufs:
+            cv2.imdecode(b, cv2.IMREAD_REDUCED_COLOR_8)
+        best = min(best, (time.perf_counter() - t0) / len(bufs))
+    print(json.dumps({"ms": best * 1e3}))
+""")
+
 
 def make_sets(src: Path, root: Path, names: list[str]) -> dict[str, tuple[Path, Path, int]]:
     """``name -> (our yaml, Ultralytics yaml with an absolute path, images)``."""
@@ -187,6 +210,8 @@ def main() -> None:
                "YOLO_OFFLINE": "1"}
         sets = make_sets(src, tmp, a.sets)
         rates: dict[tuple[str, str], list[float]] = {}
+        floor_ms = {name: run([sys.executable, "-c", FLOOR, str(ours.parent / "images" / "train2017")],
+                              env, 900)["ms"] for name, (ours, _, _) in sets.items()}
         version = ""
         for _ in range(a.rounds):
             for name, (ours_yaml, ultra_yaml, n) in sets.items():
@@ -221,6 +246,12 @@ def main() -> None:
             text += (f", ultralytics {med['ultralytics']:.1f} img/s -> {ratio('ours')}, "
                      f"{ratio('ours-recent0')} without the recent cache, "
                      f"{ratio('ours+buffer')} with buffer, {ratio('ours+batch')} with batch partners")
+            # one decode per sample (as Ultralytics' buffer and our batch partners do) and
+            # nothing else: no loader that decodes on this core can pass this ratio
+            text += (f"; decode floor {floor_ms[name]:.2f} ms/img -> at most "
+                     f"{1000 / floor_ms[name] / med['ultralytics']:.1f}x")
+        else:
+            text += f"; decode floor {floor_ms[name]:.2f} ms/img"
         parts.append(text)
     head = (f"loader_vs_ultralytics imgsz={a.imgsz} batch={a.batch} rounds={a.rounds} "
             f"load={load0:.1f}-{os.getloadavg()[0]:.1f}")
