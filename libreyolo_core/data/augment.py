@@ -84,7 +84,8 @@ def letterbox(
 
     Returns:
         ``(out, labels_out, ratio, (left, top))``: ``out`` is ``(S, S, 3)`` uint8;
-        ``labels_out`` are boxes in ``out`` pixels (``None`` if no labels given);
+        ``labels_out`` are boxes in ``out`` pixels, clipped to the resized image (``None``
+        if no labels given);
         ``ratio = S / max(h, w)``; ``left``/``top`` are the padding in pixels, so an output
         point maps back as ``x0 = (x - left) / ratio``.
     """
@@ -103,8 +104,9 @@ def letterbox(
     )
     if labels is not None:
         labels = labels.astype(np.float32, copy=True)
-        labels[:, [1, 3]] = labels[:, [1, 3]] * (nw / w) + left
-        labels[:, [2, 4]] = labels[:, [2, 4]] * (nh / h) + top
+        # clipped to the resized image: float32 rounding put an edge at 100.00001 of 100
+        labels[:, [1, 3]] = np.clip(labels[:, [1, 3]] * (nw / w) + left, left, left + nw)
+        labels[:, [2, 4]] = np.clip(labels[:, [2, 4]] * (nh / h) + top, top, top + nh)
     return out, labels, size / max(h, w), (left, top)
 
 

@@ -283,3 +283,14 @@ def test_hsv_and_blend_in_place_equal_the_copies() -> None:
     want, img = A.blend(a, b, 0.3), a.copy()
     assert A.blend(img, b, 0.3, inplace=True) is img
     np.testing.assert_array_equal(img, want)
+
+
+def test_letterbox_keeps_an_edge_box_inside_the_image() -> None:
+    """A box touching the image's bottom edge stays inside the output: float32 rounding of
+    ``y * (nh / h)`` once gave 100.00001 for an edge at 100 (found by hypothesis)."""
+    img = np.full((90, 60, 3), GREY, np.uint8)  # 90 * (100 / 90) = 100.00001 in float32
+    lab = np.array([[0, 36, 0, 57, 8], [1, 36, 60, 57, 90]], np.float32)
+    for size in (32, 64, 100):
+        out, lab2, _, (left, top) = A.letterbox(img, size, lab)
+        assert (lab2[:, 4] <= size - top).all() and (lab2[:, 2] >= top).all()
+        assert (lab2[:, 1] >= left).all() and (lab2[:, 3] <= size - left).all()
